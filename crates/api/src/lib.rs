@@ -1,0 +1,1 @@
+//! Switchyard custom resources.
