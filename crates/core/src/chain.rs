@@ -1,0 +1,473 @@
+//! Sticky fallback chains by weighted rendezvous hashing (DESIGN §4.3).
+//!
+//! For a project key `k` and provider `i` with weight `wi > 0`:
+//!
+//! ```text
+//! ui   = hash(k, name_i) mapped into the open interval (0,1)
+//! keyi = −ln(ui) / wi
+//! chain = providers sorted by ascending keyi, then the zero-weight providers in configured order
+//! ```
+//!
+//! `−ln(u)/w` is an exponential variable with rate `w`; the smallest of independent exponentials
+//! is provider `i` with probability `wi/Σw`, and the remaining order is again the same race
+//! among the rest, so a chain is a weighted sample without replacement (the sampling procedure of
+//! the sticky-chain article, seed 000; the key transform is the weighted rendezvous hash of
+//! Schindelhauer & Schomaker, "Weighted distributed hash tables", 2005, and the exponential-race
+//! view of Efraimidis & Spirakis, 2006). Because `ui` depends only on the key and the provider's
+//! *name*, every router replica computes the same chain without shared state, adding or removing
+//! a provider does not reorder the others, and changing one weight moves only the keys whose
+//! first choice must change.
+//!
+//! The hash is XXH3-64 (the `xxhash-rust` crate): its output is specified and identical on every
+//! platform, build and process, unlike `std`'s `DefaultHasher`, whose algorithm may change between
+//! Rust releases and whose `RandomState` is seeded per process. The key is hashed once and its
+//! hash seeds the hash of each provider name.
+//!
+//! [`ChainPins`] pins a project's chain for an affinity duration so that weight jitter between
+//! controller intervals does not reshuffle it, and [`ChainPins::move_to_front`] moves the affinity
+//! with the project after a failover (field case 22). Dispatch walks a chain with
+//! [`first_eligible`] / [`eligible_in_order`], skipping providers that are ineligible right now
+//! without re-sampling.
+//!
+//! Alternatives rejected: a fresh weighted sample per request (no affinity, prompt caches lost);
+//! consistent-hash rings (need virtual nodes to follow weights and reshuffle more keys per weight
+//! change); a shared pin store as the only source of affinity (a replica without the entry would
+//! pick differently; rendezvous makes the pin cache an optimisation, not a requirement).
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use lru::LruCache;
+use smallvec::SmallVec;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::time::Instant;
+
+/// Seed for hashing project keys. Fixed forever: changing it reshuffles every project's chain.
+const KEY_SEED: u64 = 0x5357_4954_4348_5944; // "SWITCHYD"
+/// Seed for the provider-set fingerprint kept with each pin.
+const SET_SEED: u64 = 0x5345_5453_4545_4430; // "SETSEED0"
+
+/// Chains with at most this many weighted providers are ordered without heap allocation.
+const INLINE_PROVIDERS: usize = 16;
+
+/// Hash of a project key; the seed for the per-provider hashes.
+fn key_hash(key: &str) -> u64 {
+    xxh3_64_with_seed(key.as_bytes(), KEY_SEED)
+}
+
+/// Maps a 64-bit hash to a uniform value strictly inside (0,1): the top 52 bits give the integer
+/// `m ∈ [0, 2^52)`, and `(m + 0.5) / 2^52` is exact in an `f64` (53 significant bits), never 0
+/// (so `ln u` is finite) and at most `1 − 2^−53`, never 1 (so `−ln u > 0` and a positive weight
+/// always yields a positive, finite key). With 53 bits the midpoint would round up to 1.
+fn unit_open(h: u64) -> f64 {
+    const SCALE: f64 = 1.0 / (1u64 << 52) as f64;
+    ((h >> 12) as f64 + 0.5) * SCALE
+}
+
+/// The uniform draw `ui ∈ (0,1)` for a project key and a provider name.
+///
+/// Exposed so tests and the simulator can check the distribution; stable across processes,
+/// builds and platforms.
+pub fn rendezvous_unit(key: &str, provider: &str) -> f64 {
+    unit_open(xxh3_64_with_seed(provider.as_bytes(), key_hash(key)))
+}
+
+/// A usable sampling weight: finite and positive, else `None` (the provider goes to the tail).
+fn usable_weight(w: f64) -> Option<f64> {
+    (w.is_finite() && w > 0.0).then_some(w)
+}
+
+/// The sticky chain of project `key` over `providers` (names in configured priority order).
+///
+/// `weights[i]` is provider `i`'s sampling weight (any positive scale; typically the output of
+/// [`crate::weights::cascade_weights`]). Weights that are 0, negative, NaN or infinite, and
+/// missing weights when `weights` is shorter than `providers`, count as zero weight; extra weights
+/// are ignored. Returns a permutation of `0..providers.len()`: positive-weight providers by
+/// ascending `−ln(ui)/wi`, then zero-weight providers in configured order. Deterministic in
+/// `(key, provider names, weights)`.
+pub fn sticky_chain(key: &str, providers: &[&str], weights: &[f64]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(providers.len());
+    sticky_chain_into(key, providers, weights, &mut out);
+    out
+}
+
+/// [`sticky_chain`] writing into a caller-owned buffer (cleared first), so a hot path can reuse
+/// one allocation.
+pub fn sticky_chain_into(key: &str, providers: &[&str], weights: &[f64], out: &mut Vec<usize>) {
+    out.clear();
+    let seed = key_hash(key);
+    let mut ranked: SmallVec<[(f64, usize); INLINE_PROVIDERS]> = SmallVec::new();
+    for (i, name) in providers.iter().enumerate() {
+        let Some(w) = weights.get(i).copied().and_then(usable_weight) else {
+            continue;
+        };
+        let u = unit_open(xxh3_64_with_seed(name.as_bytes(), seed));
+        ranked.push((-u.ln() / w, i));
+    }
+    // Keys are finite and positive, so `total_cmp` is the numeric order; equal keys (practically
+    // impossible) fall back to configured order so the result stays deterministic.
+    ranked.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    out.extend(ranked.iter().map(|&(_, i)| i));
+    for i in 0..providers.len() {
+        if weights.get(i).copied().and_then(usable_weight).is_none() {
+            out.push(i);
+        }
+    }
+}
+
+/// The first provider of `chain` for which `eligible` holds (circuit closed, not paused, healthy
+/// for the modality, allowed region…), or `None` when none is. The chain is not re-sampled: an
+/// ineligible provider is skipped and keeps its place for later requests.
+pub fn first_eligible(chain: &[usize], eligible: impl Fn(usize) -> bool) -> Option<usize> {
+    chain.iter().copied().find(|&i| eligible(i))
+}
+
+/// The providers of `chain` for which `eligible` holds, in chain order: the dispatch order of
+/// one request (first attempt, then fallbacks).
+pub fn eligible_in_order<'a, F>(chain: &'a [usize], eligible: F) -> impl Iterator<Item = usize> + 'a
+where
+    F: Fn(usize) -> bool + 'a,
+{
+    chain.iter().copied().filter(move |&i| eligible(i))
+}
+
+/// Fingerprint of an ordered provider set: chains are lists of indices, so a pin is only valid
+/// for the exact names in the exact order it was computed over.
+fn provider_set_fingerprint(providers: &[&str]) -> u64 {
+    providers.iter().fold(
+        xxh3_64_with_seed(&(providers.len() as u64).to_le_bytes(), SET_SEED),
+        |h, name| xxh3_64_with_seed(name.as_bytes(), h),
+    )
+}
+
+/// One pinned chain.
+#[derive(Debug, Clone)]
+struct Pin {
+    chain: Vec<usize>,
+    provider_set: u64,
+    expires: Instant,
+}
+
+/// Default affinity duration: the sticky-chain article pins chains "for a few minutes"; 5 min is
+/// also the default lifetime of a prompt-cache entry at the major vendors.
+pub const DEFAULT_PIN: Duration = Duration::from_secs(300);
+
+/// Bounded cache of project key → pinned chain (DESIGN §4.3).
+///
+/// Bounded by entry count with least-recently-used eviction (`lru` crate); expiry is checked
+/// against the `now` the caller passes, so no clock is read. By default a hit extends the pin
+/// (sliding expiry: the affinity lasts while the project keeps talking, like a prompt cache whose
+/// TTL refreshes on every read, field case 22); [`ChainPins::with_refresh_on_hit`]`(false)` gives
+/// fixed pins that expire `pin` after they were set, after which the chain is re-sampled from the
+/// current weights (the article's behaviour: active projects re-balance every `pin`).
+///
+/// A pin is used only while the provider set (names and order) is the one it was computed over;
+/// a config change recomputes it. Per router replica: replicas agree on fresh chains (rendezvous)
+/// but a [`ChainPins::move_to_front`] is local to the replica that saw the failure.
+#[derive(Debug)]
+pub struct ChainPins {
+    cache: LruCache<String, Pin>,
+    pin: Duration,
+    refresh_on_hit: bool,
+}
+
+impl ChainPins {
+    /// A cache of at most `capacity` projects (0 is treated as 1) pinning chains for `pin`.
+    pub fn new(capacity: usize, pin: Duration) -> Self {
+        ChainPins {
+            cache: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+            pin,
+            refresh_on_hit: true,
+        }
+    }
+
+    /// Chooses sliding expiry (`true`, the default: every hit pins for another `pin`) or fixed
+    /// expiry (`false`: a pin lasts `pin` from when it was set or moved).
+    pub fn with_refresh_on_hit(mut self, refresh: bool) -> Self {
+        self.refresh_on_hit = refresh;
+        self
+    }
+
+    /// The affinity duration.
+    pub fn pin_duration(&self) -> Duration {
+        self.pin
+    }
+
+    /// The chain for project `key`: the pinned one when it is unexpired at `now` and was computed
+    /// over the same `providers` (same names, same order); otherwise [`sticky_chain`] over
+    /// `weights`, which is then pinned until `now + pin`. Returns indices into `providers`.
+    pub fn chain(
+        &mut self,
+        key: &str,
+        providers: &[&str],
+        weights: &[f64],
+        now: Instant,
+    ) -> Vec<usize> {
+        let provider_set = provider_set_fingerprint(providers);
+        if let Some(pin) = self.cache.get_mut(key)
+            && pin.provider_set == provider_set
+            && now < pin.expires
+        {
+            if self.refresh_on_hit {
+                pin.expires = now + self.pin;
+            }
+            return pin.chain.clone();
+        }
+        let chain = sticky_chain(key, providers, weights);
+        let pin = Pin {
+            chain: chain.clone(),
+            provider_set,
+            expires: now + self.pin,
+        };
+        match self.cache.get_mut(key) {
+            Some(slot) => *slot = pin,
+            None => {
+                self.cache.put(key.to_owned(), pin);
+            }
+        }
+        chain
+    }
+
+    /// Moves `provider_index` to the front of project `key`'s pinned chain and re-pins it until
+    /// `now + pin`, so that after a failover the following turns stay on the provider that now
+    /// holds the project's prompt cache instead of flipping back (field case 22, run 2).
+    ///
+    /// Returns `false` (and changes nothing) when the key has no pin or the index is not in its
+    /// chain; call [`ChainPins::chain`] for the turn first. An expired pin is revived: the caller
+    /// has just served the project from it.
+    pub fn move_to_front(&mut self, key: &str, provider_index: usize, now: Instant) -> bool {
+        let pin_for = self.pin;
+        let Some(pin) = self.cache.get_mut(key) else {
+            return false;
+        };
+        let Some(pos) = pin.chain.iter().position(|&i| i == provider_index) else {
+            return false;
+        };
+        pin.chain[..=pos].rotate_right(1);
+        pin.expires = now + pin_for;
+        true
+    }
+
+    /// The pinned chain of `key` if one is unexpired at `now` (does not refresh or compute).
+    pub fn peek(&self, key: &str, now: Instant) -> Option<&[usize]> {
+        self.cache
+            .peek(key)
+            .filter(|pin| now < pin.expires)
+            .map(|pin| pin.chain.as_slice())
+    }
+
+    /// Drops the pin of `key`, if any.
+    pub fn remove(&mut self, key: &str) {
+        self.cache.pop(key);
+    }
+
+    /// Drops every pin expired at `now`; returns how many were dropped. `O(len)`: call it from a
+    /// housekeeping tick, not per request (expired pins are also replaced lazily on lookup and
+    /// evicted by LRU order when the cache is full).
+    pub fn purge_expired(&mut self, now: Instant) -> usize {
+        let expired: Vec<String> = self
+            .cache
+            .iter()
+            .filter(|(_, pin)| now >= pin.expires)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &expired {
+            self.cache.pop(k.as_str());
+        }
+        expired.len()
+    }
+
+    /// Number of pins held (expired ones included until replaced, purged or evicted).
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether no pin is held.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// Maximum number of pins.
+    pub fn capacity(&self) -> usize {
+        self.cache.cap().get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P5: [&str; 5] = ["anthropic", "vertex", "bedrock", "openai", "azure"];
+
+    #[test]
+    fn sticky_chain_same_inputs_same_chain() {
+        let w = [0.5, 0.3, 0.15, 0.05, 0.0];
+        let a = sticky_chain("project-42", &P5, &w);
+        let b = sticky_chain("project-42", &P5, &w);
+        assert_eq!(a, b);
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![0, 1, 2, 3, 4]);
+        // The zero-weight provider is last.
+        assert_eq!(a[4], 4);
+    }
+
+    #[test]
+    fn sticky_chain_zero_weights_configured_order_at_tail() {
+        let chain = sticky_chain("k", &P5, &[0.0, 1.0, 0.0, f64::NAN, -3.0]);
+        assert_eq!(chain, vec![1, 0, 2, 3, 4]);
+        // Missing weights count as zero.
+        assert_eq!(sticky_chain("k", &P5, &[0.0, 1.0]), vec![1, 0, 2, 3, 4]);
+        assert_eq!(sticky_chain("k", &[], &[1.0]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn rendezvous_unit_known_values_stable() {
+        // Pinned outputs: if these change, every router replica running an older build would
+        // disagree with a newer one about every project's chain.
+        let u = rendezvous_unit("project-42", "anthropic");
+        assert!(u > 0.0 && u < 1.0);
+        let again = rendezvous_unit("project-42", "anthropic");
+        assert_eq!(u.to_bits(), again.to_bits());
+        assert_ne!(
+            rendezvous_unit("project-42", "anthropic"),
+            rendezvous_unit("project-42", "vertex")
+        );
+    }
+
+    #[test]
+    fn unit_open_extremes_strictly_inside() {
+        assert!(unit_open(0) > 0.0);
+        assert!(unit_open(u64::MAX) < 1.0);
+        assert!((-unit_open(u64::MAX).ln()) > 0.0);
+    }
+
+    #[test]
+    fn sticky_chain_removing_provider_keeps_relative_order() {
+        let w = [0.2; 5];
+        for k in 0..200 {
+            let key = format!("p{k}");
+            let full = sticky_chain(&key, &P5, &w);
+            // Drop "bedrock" (index 2): the others keep their relative order.
+            let fewer = ["anthropic", "vertex", "openai", "azure"];
+            let sub = sticky_chain(&key, &fewer, &w[..4]);
+            let expected: Vec<&str> = full
+                .iter()
+                .map(|&i| P5[i])
+                .filter(|n| *n != "bedrock")
+                .collect();
+            let got: Vec<&str> = sub.iter().map(|&i| fewer[i]).collect();
+            assert_eq!(got, expected, "key {key}");
+        }
+    }
+
+    #[test]
+    fn first_eligible_skips_without_resampling() {
+        let chain = [3, 1, 0, 2];
+        assert_eq!(first_eligible(&chain, |i| i != 3), Some(1));
+        assert_eq!(first_eligible(&chain, |_| false), None);
+        let order: Vec<usize> = eligible_in_order(&chain, |i| i != 1).collect();
+        assert_eq!(order, vec![3, 0, 2]);
+    }
+
+    #[test]
+    fn chain_pins_hit_returns_pinned_despite_new_weights() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        let names = ["a", "b"];
+        let t0 = Instant::ZERO;
+        let first = pins.chain("k", &names, &[1.0, 0.0], t0);
+        assert_eq!(first, vec![0, 1]);
+        // Weights flipped, but the pin holds.
+        let again = pins.chain("k", &names, &[0.0, 1.0], t0 + Duration::from_secs(30));
+        assert_eq!(again, vec![0, 1]);
+        assert_eq!(pins.len(), 1);
+    }
+
+    #[test]
+    fn chain_pins_expired_recomputes() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        let names = ["a", "b"];
+        pins.chain("k", &names, &[1.0, 0.0], Instant::ZERO);
+        let later = pins.chain("k", &names, &[0.0, 1.0], Instant::from_millis(60_000));
+        assert_eq!(later, vec![1, 0]);
+    }
+
+    #[test]
+    fn chain_pins_sliding_hit_extends_fixed_does_not() {
+        let names = ["a", "b"];
+        let s = Duration::from_secs;
+        let t = Instant::ZERO;
+        let mut sliding = ChainPins::new(10, s(60));
+        let mut fixed = ChainPins::new(10, s(60)).with_refresh_on_hit(false);
+        for pins in [&mut sliding, &mut fixed] {
+            pins.chain("k", &names, &[1.0, 0.0], t);
+            pins.chain("k", &names, &[0.0, 1.0], t + s(50));
+        }
+        assert_eq!(
+            sliding.chain("k", &names, &[0.0, 1.0], t + s(100)),
+            vec![0, 1]
+        );
+        assert_eq!(
+            fixed.chain("k", &names, &[0.0, 1.0], t + s(100)),
+            vec![1, 0]
+        );
+    }
+
+    #[test]
+    fn chain_pins_provider_set_change_recomputes() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        pins.chain("k", &["a", "b"], &[1.0, 0.0], Instant::ZERO);
+        let c = pins.chain("k", &["b", "a"], &[1.0, 0.0], Instant::from_millis(1));
+        assert_eq!(c, vec![0, 1]);
+        let c = pins.chain(
+            "k",
+            &["b", "a", "c"],
+            &[0.0, 0.0, 1.0],
+            Instant::from_millis(2),
+        );
+        assert_eq!(c, vec![2, 0, 1]);
+    }
+
+    #[test]
+    fn chain_pins_capacity_evicts_least_recent() {
+        let mut pins = ChainPins::new(2, Duration::from_secs(60));
+        let names = ["a", "b"];
+        let w = [0.5, 0.5];
+        let t = Instant::ZERO;
+        pins.chain("k1", &names, &w, t);
+        pins.chain("k2", &names, &w, t);
+        pins.chain("k1", &names, &w, t);
+        pins.chain("k3", &names, &w, t);
+        assert_eq!(pins.len(), 2);
+        assert!(pins.peek("k2", t).is_none());
+        assert!(pins.peek("k1", t).is_some());
+        assert_eq!(ChainPins::new(0, DEFAULT_PIN).capacity(), 1);
+    }
+
+    #[test]
+    fn chain_pins_move_to_front_keeps_rest_order() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        let names = ["a", "b", "c", "d"];
+        pins.chain("k", &names, &[0.0; 4], Instant::ZERO);
+        assert!(pins.move_to_front("k", 2, Instant::from_millis(5)));
+        assert_eq!(
+            pins.peek("k", Instant::from_millis(6)),
+            Some(&[2, 0, 1, 3][..])
+        );
+        assert!(!pins.move_to_front("k", 9, Instant::from_millis(7)));
+        assert!(!pins.move_to_front("other", 0, Instant::from_millis(7)));
+    }
+
+    #[test]
+    fn chain_pins_purge_expired_drops_only_expired() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(10));
+        let names = ["a"];
+        pins.chain("old", &names, &[1.0], Instant::ZERO);
+        pins.chain("new", &names, &[1.0], Instant::from_millis(8_000));
+        assert_eq!(pins.purge_expired(Instant::from_millis(12_000)), 1);
+        assert_eq!(pins.len(), 1);
+        pins.remove("new");
+        assert!(pins.is_empty());
+    }
+}
