@@ -1,0 +1,333 @@
+//! The `switchyard` strategy: the router's dispatch loop rebuilt on `switchyard-core`.
+//!
+//! Chat (DESIGN §3 steps 4–5 and 9, §4.1–4.5), per request:
+//! 1. chain = `ChainPins::chain(project, providers, weights, now)` (sticky weighted rendezvous,
+//!    pinned for `pin`);
+//! 2. walk the chain, skipping providers already tried by this request, paused by a
+//!    `Retry-After` (`Pauses`), or whose circuit breaker refuses (`CircuitBreaker::try_acquire`);
+//!    retries (not first attempts) also need the router's `RetryBudget` and, if configured, the
+//!    `FallbackThrottle`;
+//! 3. if nothing is eligible but something is paused, the request waits for the earliest pause
+//!    to end (bounded by `max_queue_wait`);
+//! 4. outcomes feed the breaker, the pause table (429 → pause for `Retry-After` plus jitter via
+//!    `PausePolicy`; 503 → overload cooldown) and the per-interval `WindowCounts`;
+//! 5. a request served by another provider than its chain's head moves that provider to the
+//!    front (`ChainPins::move_to_front`), so the project follows its prompt cache;
+//! 6. every interval `T`: one `AvailabilityController::step` per provider, then
+//!    `cascade_weights` over the availabilities.
+//!
+//! Embedding (DESIGN §4.6): `P2c` in latency mode over the untried, unpaused providers whose
+//! breaker admits; no chains (no cache to keep).
+
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use switchyard_core::availability::{AvailabilityController, ControllerConfig, WindowCounts};
+use switchyard_core::breaker::{BreakerConfig, CircuitBreaker};
+use switchyard_core::budget::{FallbackThrottle, RetryBudget};
+use switchyard_core::chain::ChainPins;
+use switchyard_core::classify::{Classification, ErrorClass, class_for_status};
+use switchyard_core::p2c::{P2c, P2cConfig, ScoringMode};
+use switchyard_core::pause::{PausePolicy, Pauses};
+use switchyard_core::time::Instant;
+use switchyard_core::weights::cascade_weights;
+
+use crate::model::{Outcome, hash};
+use crate::scenario::{Scenario, ServiceType, SwitchyardSettings};
+use crate::strategy::{Ordered, P2cInFlight, Pick, RoundRobin, Strategy, StrategyKind};
+
+/// Builds the strategy object for a run.
+pub(crate) fn build<'a>(sc: &'a Scenario, kind: StrategyKind) -> Box<dyn Strategy + 'a> {
+    let n = sc.providers.len();
+    match (kind, sc.service) {
+        (StrategyKind::Switchyard, ServiceType::Chat) => Box::new(Chat::new(sc)),
+        (StrategyKind::Switchyard, ServiceType::Embedding) => Box::new(Embedding::new(sc)),
+        (StrategyKind::Ordered, _) => Box::new(Ordered { n }),
+        (StrategyKind::RoundRobin, _) => Box::new(RoundRobin { n, next: 0 }),
+        (StrategyKind::P2c, _) => Box::new(P2cInFlight {
+            in_flight: vec![0; n],
+        }),
+    }
+}
+
+/// The controller settings of a scenario: core defaults with the scenario's overrides.
+pub(crate) fn controller_config(s: &SwitchyardSettings) -> ControllerConfig {
+    let mut c = ControllerConfig::default();
+    let o = &s.controller;
+    if let Some(v) = o.target_error_rate {
+        c.target_error_rate = v;
+    }
+    if let Some(v) = o.kp {
+        c.kp = v;
+    }
+    if let Some(v) = o.ki {
+        c.ki = v;
+    }
+    if let Some(v) = o.kd {
+        c.kd = v;
+    }
+    if let Some(v) = o.integral_limit {
+        c.integral_limit = v;
+    }
+    c
+}
+
+/// Pause, breaker and budget bookkeeping shared by both service types.
+#[derive(Debug)]
+struct Guards {
+    names: Vec<String>,
+    pauses: Pauses,
+    policy: PausePolicy,
+    breakers: Vec<CircuitBreaker>,
+    budget: Option<RetryBudget>,
+    throttle: Option<FallbackThrottle>,
+    rng: ChaCha8Rng,
+}
+
+impl Guards {
+    fn new(sc: &Scenario) -> Self {
+        let s = &sc.switchyard;
+        Self {
+            names: sc.providers.iter().map(|p| p.name.clone()).collect(),
+            pauses: Pauses::new(),
+            policy: PausePolicy::default(),
+            breakers: sc
+                .providers
+                .iter()
+                .map(|_| CircuitBreaker::new(BreakerConfig::default()))
+                .collect(),
+            budget: s.retry_budget_ratio.map(|r| {
+                RetryBudget::new(r, Duration::from_secs(10), s.retry_budget_floor_per_sec)
+            }),
+            throttle: s
+                .fallback_throttle_per_sec
+                .map(|r| FallbackThrottle::new(r, (2.0 * r).ceil().max(1.0) as u32)),
+            rng: ChaCha8Rng::seed_from_u64(hash(sc.seed, &[3])),
+        }
+    }
+
+    fn paused_until(&self, i: usize, now: Instant) -> Option<Instant> {
+        self.pauses.paused_until(&[self.names[i].as_str()], now)
+    }
+
+    /// Charges a retry to the budget and throttle; `false` means the request may not retry.
+    fn allow_retry(&mut self, now: Instant) -> bool {
+        if let Some(b) = &mut self.budget
+            && !b.try_withdraw(now)
+        {
+            return false;
+        }
+        if let Some(t) = &mut self.throttle
+            && !t.try_acquire(now)
+        {
+            return false;
+        }
+        true
+    }
+
+    /// First eligible provider of `order` for a request that tried `tried`; records the first
+    /// attempt in the budget or charges a retry.
+    fn choose(&mut self, order: impl Iterator<Item = usize>, tried: u64, now: Instant) -> Pick {
+        let mut wake: Option<Instant> = None;
+        let mut chosen = None;
+        for i in order {
+            if tried & (1u64 << i) != 0 {
+                continue;
+            }
+            if let Some(t) = self.paused_until(i, now) {
+                wake = Some(wake.map_or(t, |w| w.min(t)));
+                continue;
+            }
+            if !self.breakers[i].try_acquire(now) {
+                // Re-check soon: the cooldown is seconds long and its end is not exposed
+                // through `try_acquire`.
+                let t = now + Duration::from_secs(1);
+                wake = Some(wake.map_or(t, |w| w.min(t)));
+                continue;
+            }
+            chosen = Some(i);
+            break;
+        }
+        match chosen {
+            Some(i) => {
+                if tried == 0 {
+                    if let Some(b) = &mut self.budget {
+                        b.record_attempt(now);
+                    }
+                } else if !self.allow_retry(now) {
+                    self.breakers[i].on_cancel(now);
+                    return Pick::GiveUp;
+                }
+                Pick::Send(i)
+            }
+            None => wake.map_or(Pick::GiveUp, Pick::WaitUntil),
+        }
+    }
+
+    /// Feeds an outcome to breaker and pauses.
+    fn record(&mut self, i: usize, now: Instant, o: Outcome) {
+        let (class, hint) = match o {
+            Outcome::Ok => {
+                self.breakers[i].on_success(now);
+                return;
+            }
+            Outcome::RateLimited { retry_after } => (ErrorClass::Capacity, Some(retry_after)),
+            Outcome::Server { status } => (class_for_status(status), None),
+            Outcome::Timeout => (ErrorClass::Timeout, None),
+        };
+        if class == ErrorClass::Capacity {
+            // A 429 is a penalty, not an eviction (STYLE pattern 8): the pause steers traffic
+            // away; the breaker is for failures and only gets its permit back.
+            self.breakers[i].on_cancel(now);
+        } else {
+            self.breakers[i].on_failure(now);
+        }
+        let c = Classification {
+            retry_after: hint,
+            pause: hint,
+            ..Classification::new(class)
+        };
+        if let Some(d) = self.policy.scope_pause(&c, &mut self.rng) {
+            self.pauses.pause(&self.names[i], d, now, class);
+        }
+    }
+}
+
+/// Sticky chains over controller weights (chat).
+#[derive(Debug)]
+pub(crate) struct Chat {
+    guards: Guards,
+    keys: Vec<String>,
+    controllers: Vec<AvailabilityController>,
+    window: Vec<WindowCounts>,
+    avail: Vec<f64>,
+    weights: Vec<f64>,
+    pins: ChainPins,
+    max_attempts: u32,
+}
+
+impl Chat {
+    fn new(sc: &Scenario) -> Self {
+        let n = sc.providers.len();
+        let s = &sc.switchyard;
+        let cfg = controller_config(s);
+        let projects = match &sc.traffic {
+            crate::scenario::Traffic::Sessions(t) => t.projects,
+            crate::scenario::Traffic::Poisson(_) => 1024,
+        };
+        let controllers: Vec<_> = (0..n)
+            .map(|_| AvailabilityController::new(cfg.clone()))
+            .collect();
+        let avail: Vec<f64> = controllers.iter().map(|c| c.availability()).collect();
+        Self {
+            guards: Guards::new(sc),
+            keys: (0..projects).map(|i| format!("project-{i}")).collect(),
+            weights: cascade_weights(&avail),
+            avail,
+            controllers,
+            window: vec![WindowCounts::default(); n],
+            pins: ChainPins::new(projects as usize * 2, s.pin)
+                .with_refresh_on_hit(s.pin_refresh_on_hit),
+            max_attempts: s.max_attempts,
+        }
+    }
+
+    fn chain(&mut self, project: u32, now: Instant) -> Vec<usize> {
+        let names: Vec<&str> = self.guards.names.iter().map(String::as_str).collect();
+        self.pins
+            .chain(&self.keys[project as usize], &names, &self.weights, now)
+    }
+}
+
+impl Strategy for Chat {
+    fn tick(&mut self, _now: Instant) {
+        for (i, c) in self.controllers.iter_mut().enumerate() {
+            self.avail[i] = c.step(std::mem::take(&mut self.window[i])).availability;
+        }
+        self.weights = cascade_weights(&self.avail);
+    }
+    fn availability(&self) -> Option<&[f64]> {
+        Some(&self.avail)
+    }
+    fn weights(&self) -> Option<&[f64]> {
+        Some(&self.weights)
+    }
+    fn pick(&mut self, project: u32, tried: u64, now: Instant, _: &mut ChaCha8Rng) -> Pick {
+        let chain = self.chain(project, now);
+        self.guards.choose(chain.into_iter(), tried, now)
+    }
+    fn on_finish(&mut self, p: usize, now: Instant, _: Duration, o: Outcome) {
+        match o {
+            Outcome::Ok => self.window[p].successes += 1,
+            _ => self.window[p].provider_errors += 1,
+        }
+        self.guards.record(p, now, o);
+    }
+    fn on_served(&mut self, project: u32, p: usize, now: Instant) {
+        let key = &self.keys[project as usize];
+        if self.pins.peek(key, now).and_then(|c| c.first()) != Some(&p) {
+            self.pins.move_to_front(key, p, now);
+        }
+    }
+    fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+}
+
+/// Latency-scored p2c (embedding).
+#[derive(Debug)]
+pub(crate) struct Embedding {
+    guards: Guards,
+    p2c: P2c,
+    max_attempts: u32,
+}
+
+impl Embedding {
+    fn new(sc: &Scenario) -> Self {
+        Self {
+            guards: Guards::new(sc),
+            p2c: P2c::new(
+                sc.providers.len(),
+                P2cConfig {
+                    mode: ScoringMode::Latency,
+                    ..P2cConfig::default()
+                },
+            ),
+            max_attempts: sc.switchyard.max_attempts,
+        }
+    }
+}
+
+impl Strategy for Embedding {
+    fn pick(&mut self, _: u32, tried: u64, now: Instant, rng: &mut ChaCha8Rng) -> Pick {
+        let n = self.guards.names.len();
+        let mut wake: Option<Instant> = None;
+        let eligible: Vec<usize> = (0..n)
+            .filter(|&i| tried & (1u64 << i) == 0)
+            .filter(|&i| match self.guards.paused_until(i, now) {
+                Some(t) => {
+                    wake = Some(wake.map_or(t, |w| w.min(t)));
+                    false
+                }
+                None => true,
+            })
+            .collect();
+        let Some(first) = self.p2c.pick(&eligible, now, rng) else {
+            return wake.map_or(Pick::GiveUp, Pick::WaitUntil);
+        };
+        // The breaker gets the p2c choice first, then the rest in index order.
+        let order = std::iter::once(first).chain(eligible.into_iter().filter(move |&i| i != first));
+        self.guards.choose(order, tried, now)
+    }
+    fn on_start(&mut self, p: usize, now: Instant) {
+        self.p2c.on_start(p, now);
+    }
+    fn on_finish(&mut self, p: usize, now: Instant, latency: Duration, o: Outcome) {
+        self.p2c.on_finish(p, now, latency, o == Outcome::Ok);
+        self.guards.record(p, now, o);
+    }
+    fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+}
