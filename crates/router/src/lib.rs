@@ -1,1 +1,4 @@
-//! switchyard-router
+//! switchyard-router: the data plane.
+
+pub mod upstream;
+pub mod wire;
