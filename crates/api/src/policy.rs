@@ -1,0 +1,242 @@
+//! `RoutingPolicy`: one public model name (plus aliases) and how its traffic is spread.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, NAME_PATTERN};
+
+/// Desired state of a RoutingPolicy.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "switchyard.dev",
+    version = "v1alpha1",
+    kind = "RoutingPolicy",
+    doc = "A public model name and how its traffic is spread over providers: priority order, strategy, affinity, fallback.",
+    plural = "routingpolicies",
+    singular = "routingpolicy",
+    namespaced,
+    status = "RoutingPolicyStatus",
+    shortname = "rp",
+    shortname = "route",
+    category = "switchyard",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".spec.model"}"#,
+    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.serviceType"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.providers.all(p, self.providers.exists_one(q, q.name == p.name))").message("provider names in a policy must be unique"),
+    validation = kube::core::Rule::new("!has(self.aliases) || !(self.model in self.aliases)").message("an alias must differ from the model name"),
+    validation = kube::core::Rule::new("!has(self.strategy) || self.strategy != 'stickyChain' || self.serviceType == 'chat'").message("the stickyChain strategy is only for chat policies"),
+)]
+pub struct RoutingPolicySpec {
+    /// Public model name clients ask for, such as `claude-sonnet`.
+    #[schemars(length(min = 1, max = 256))]
+    pub model: String,
+    /// Other names that resolve to this policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub aliases: Vec<String>,
+    /// Kind of traffic; decides the default strategy and the p2c scoring.
+    #[serde(default)]
+    pub service_type: ServiceType,
+    /// Providers in priority order (first = most preferred). Each must be an LLMProvider in the
+    /// same namespace serving `model` (or `upstreamModel`).
+    #[schemars(length(min = 1, max = 16))]
+    pub providers: Vec<PolicyProvider>,
+    /// Balancing strategy; `stickyChain` for chat and `powerOfTwoChoices` otherwise when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+    /// Where the project key for cache affinity comes from, and how long a chain is pinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<AffinitySpec>,
+    /// Availability controller settings (DESIGN §4.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub availability: Option<AvailabilitySpec>,
+    /// When and how far a request moves down its chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<FallbackSpec>,
+    /// Regions requests may execute in; any region when empty. Providers outside are never used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub allowed_regions: Vec<String>,
+    /// Overall deadline of one client request across all attempts (default `60s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub deadline: Option<String>,
+    /// Output tokens reserved when a request sets no `max_tokens` (default 4096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000_000))]
+    pub default_max_tokens: Option<u32>,
+    /// Route-wide buckets shared by every tenant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub limits: Vec<Limit>,
+}
+
+/// Kind of traffic a policy serves.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum ServiceType {
+    /// Chat and messages APIs; prompt caches make affinity valuable.
+    #[default]
+    Chat,
+    /// Embedding vectors; stateless, latency-sensitive.
+    Embedding,
+    /// Document reranking; stateless, latency-sensitive.
+    Rerank,
+}
+
+/// Balancing strategy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Strategy {
+    /// Per-project chain by weighted rendezvous hashing over the cascade weights (DESIGN §4.3).
+    StickyChain,
+    /// Two random distinct candidates, the better by recent score (DESIGN §4.6).
+    PowerOfTwoChoices,
+}
+
+/// One provider of a policy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyProvider {
+    /// Name of an LLMProvider in the same namespace.
+    #[schemars(length(min = 1, max = 253), regex(pattern = NAME_PATTERN))]
+    pub name: String,
+    /// Model name on that provider when it differs from the policy's `model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub model: Option<String>,
+}
+
+/// Cache-affinity settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AffinitySpec {
+    /// Request header holding the project key (default `x-project-id`); the tenant is the key
+    /// when the header is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9-]+$"))]
+    pub header: Option<String>,
+    /// How long a project's chain stays pinned so weight jitter does not reshuffle it
+    /// (default `5m`; match it to the providers' prompt-cache TTL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub pin_duration: Option<String>,
+}
+
+/// Availability-controller settings; decimal values are strings so the spec has no floats.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AvailabilitySpec {
+    /// Controller interval (default `30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub interval: Option<String>,
+    /// Error rate the controller steers towards, as a fraction (default `"0.005"`, i.e. 0.5 %).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub target_error_rate: Option<String>,
+    /// Proportional gain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub kp: Option<String>,
+    /// Integral gain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub ki: Option<String>,
+    /// Derivative gain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub kd: Option<String>,
+}
+
+/// Error classes a request may fail over on (DESIGN §4.4).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FallbackErrorClass {
+    /// 429 rate limit.
+    Capacity,
+    /// 503, 529.
+    Overload,
+    /// Connection failures and timeouts.
+    Timeout,
+    /// 500, 502, 504.
+    Server,
+    /// 401/403 on our credentials.
+    Auth,
+    /// Long-term exhaustion on that provider (quota, billing, daily cap).
+    Policy,
+}
+
+/// Fallback rules.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct FallbackSpec {
+    /// Error classes that move a request down its chain (default: all provider-side classes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on: Vec<FallbackErrorClass>,
+    /// Attempts per client request across providers, the first included (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub max_attempts: Option<u32>,
+    /// Retries on the same provider after its Retry-After, before moving on (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10))]
+    pub same_provider_retries: Option<u32>,
+    /// Spill-over to lower-priority providers per second, per router (token bucket rate);
+    /// unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub throttle_per_second: Option<u32>,
+    /// Burst of the fallback throttle (default: one second's worth).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub throttle_burst: Option<u32>,
+    /// Time allowed from sending to the first real content before failing over (default `30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub first_token_timeout: Option<String>,
+}
+
+/// Observed state of a RoutingPolicy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingPolicyStatus {
+    /// Per provider, in priority order: availability and priority-cascade weight.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["name".into()]))]
+    pub providers: Vec<ProviderWeight>,
+    /// When the weights were computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_update_time: Option<Time>,
+    /// Standard conditions (`Ready`, `Degraded`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Availability and weight of one provider under a policy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderWeight {
+    /// LLMProvider name.
+    pub name: String,
+    /// The provider's availability in [0, 1].
+    pub availability: f64,
+    /// Share of new projects whose chain starts at this provider, in [0, 1]; weights sum to 1.
+    pub weight: f64,
+    /// Whether the provider may serve this policy at all (region allow-list, model served).
+    pub eligible: bool,
+    /// Why it is ineligible, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}

@@ -1,0 +1,290 @@
+//! `LLMProvider`: one backend — a vendor API at a region under one account, serving some models.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, SecretKeyRef};
+
+/// Desired state of an LLMProvider.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "switchyard.dev",
+    version = "v1alpha1",
+    kind = "LLMProvider",
+    doc = "An LLM provider backend: one vendor API at one region under one account, serving some models, with its rate limits.",
+    plural = "llmproviders",
+    singular = "llmprovider",
+    namespaced,
+    status = "LLMProviderStatus",
+    shortname = "llmp",
+    shortname = "llmprov",
+    category = "switchyard",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
+    printcolumn = r#"{"name":"API","type":"string","jsonPath":".spec.api"}"#,
+    printcolumn = r#"{"name":"Region","type":"string","jsonPath":".spec.region"}"#,
+    printcolumn = r#"{"name":"Availability","type":"number","jsonPath":".status.availability"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.models.all(m, self.models.exists_one(n, n.name == m.name))").message("model names must be unique within a provider"),
+)]
+pub struct LLMProviderSpec {
+    /// Wire protocol spoken by the endpoint.
+    pub api: ProviderApi,
+    /// Base URL of the API, such as `https://api.anthropic.com` (paths like `/v1/messages` are
+    /// appended by the adapter).
+    #[schemars(
+        length(min = 1, max = 2048),
+        regex(pattern = r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    )]
+    pub endpoint: String,
+    /// Region where requests execute, such as `us-east-1` or `europe-west4`; compared with the
+    /// allowed regions of routing policies and tenants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub region: Option<String>,
+    /// For cross-region inference profiles: every region the provider may execute a request in.
+    /// A policy with allowed regions only uses the provider when all of these are allowed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub execution_regions: Vec<String>,
+    /// Credentials presented to the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<ProviderCredentials>,
+    /// Models served, by their public names.
+    #[schemars(length(min = 1, max = 64))]
+    pub models: Vec<ProviderModel>,
+    /// Provider-side buckets (RPM, ITPM, OTPM, concurrency, spend), as published by the vendor for
+    /// this account.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub limits: Vec<Limit>,
+    /// Timeouts for calls to this provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<ProviderTimeouts>,
+    /// Circuit-breaker settings (per router replica).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreakerSpec>,
+    /// Active health probes run by the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheckSpec>,
+}
+
+/// Wire protocol of a provider endpoint.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ProviderApi {
+    /// OpenAI or any OpenAI-compatible endpoint (`/v1/chat/completions`, `/v1/embeddings`).
+    Openai,
+    /// Anthropic Messages API (`/v1/messages`).
+    Anthropic,
+    /// Google Vertex AI.
+    Vertex,
+    /// AWS Bedrock.
+    Bedrock,
+}
+
+/// Credentials presented to a provider.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderCredentials {
+    /// Secret key holding the API key or token.
+    pub secret_ref: SecretKeyRef,
+}
+
+/// What kind of input or output a model handles; probes and candidate filtering are per modality.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum Modality {
+    /// Text in, text out.
+    Text,
+    /// Images in the input.
+    Image,
+    /// Audio in or out.
+    Audio,
+    /// Embedding vectors.
+    Embedding,
+    /// Relevance scores for documents.
+    Rerank,
+}
+
+/// One model served by a provider.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderModel {
+    /// Public model name clients ask for (a RoutingPolicy's `model` or one of its aliases).
+    #[schemars(length(min = 1, max = 256))]
+    pub name: String,
+    /// Name the provider expects upstream, when it differs (for example a Bedrock model id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub upstream_name: Option<String>,
+    /// Modalities this model handles; `text` when absent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub modalities: Vec<Modality>,
+    /// Context window in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub context_window: Option<u32>,
+    /// List prices, used for spend buckets and cost accounting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+}
+
+/// List prices in USD per million tokens, as decimal strings (`"3"`, `"0.30"`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Pricing {
+    /// USD per million uncached input tokens.
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub input_per_million: String,
+    /// USD per million output tokens.
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub output_per_million: String,
+    /// USD per million input tokens read from the prompt cache; the input price when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub cached_input_per_million: Option<String>,
+    /// USD per million input tokens written to the prompt cache; the input price when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub cache_write_per_million: Option<String>,
+}
+
+/// Timeouts for calls to one provider, as duration strings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderTimeouts {
+    /// TCP and TLS connection establishment (default `5s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub connect: Option<String>,
+    /// From sending the request to the first real content (default `30s`); keep-alives and
+    /// role-only stream frames do not count as content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub first_token: Option<String>,
+    /// Whole call, including streaming the response (default `600s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub total: Option<String>,
+}
+
+/// Circuit-breaker settings (DESIGN §4.5).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreakerSpec {
+    /// Consecutive provider-side failures that open the circuit (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub consecutive_failures: Option<u32>,
+    /// First open period (default `5s`); doubled on each failed trial up to `maxCooldown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub cooldown: Option<String>,
+    /// Longest open period (default `60s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_cooldown: Option<String>,
+    /// Trial requests let through while half-open (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub half_open_trials: Option<u32>,
+}
+
+/// Active health probes (DESIGN §4.8).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheckSpec {
+    /// Whether probes run.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Time between probes (default `60s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub interval: Option<String>,
+    /// Modalities to probe; every modality of the provider's models when absent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modalities: Vec<Modality>,
+    /// Consecutive failed probes that mark a modality Unhealthy (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failure_threshold: Option<u32>,
+}
+
+/// Observed state of an LLMProvider, written by the operator (or the standalone control loop).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LLMProviderStatus {
+    /// Availability in [0, 1] computed by the PID controller from the last windows' outcomes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub availability: Option<f64>,
+    /// Outcome counts and score of the last completed window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_window: Option<WindowStatus>,
+    /// Health per modality from active probes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["modality".into()]))]
+    pub health: Vec<ModalityHealth>,
+    /// When availability was last computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_update_time: Option<Time>,
+    /// Standard conditions (`Ready`, `Degraded`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Outcome counts and score of one controller window.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowStatus {
+    /// Successful calls in the window.
+    pub successes: u64,
+    /// Provider-side errors in the window (capacity, overload, timeout, connect, server, auth).
+    pub errors: u64,
+    /// `successes − K·errors + 1`, with `K = 1 / targetErrorRate`.
+    pub score: f64,
+}
+
+/// Health of one modality, from active probes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModalityHealth {
+    /// The probed modality.
+    pub modality: Modality,
+    /// Probe verdict.
+    pub state: HealthState,
+    /// When the last probe finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_time: Option<Time>,
+    /// Human-readable detail of the last failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Verdict of active health probes for one modality.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum HealthState {
+    /// Probes succeed within the latency threshold.
+    Healthy,
+    /// Probes succeed slowly or fail intermittently.
+    Degraded,
+    /// Consecutive probes failed.
+    Unhealthy,
+    /// No recent probe result; traffic is not filtered (fail-open).
+    Unknown,
+}
