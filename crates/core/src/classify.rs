@@ -350,12 +350,7 @@ fn classify_stream(payload: &Value, now_wall: Option<DateTime<Utc>>) -> Classifi
     let facts = extract(payload);
     let status = facts.embedded_status;
     let hint = retry_hint_from_body(payload);
-    let mut verdict = decide(status, facts, hint, now_wall);
-    if verdict.class == ErrorClass::Request && status.is_none() && verdict.code.is_none() {
-        // An unlabeled in-stream failure is not evidence that the client erred.
-        verdict.class = ErrorClass::Server;
-    }
-    verdict
+    decide(status, facts, hint, now_wall)
 }
 
 /// Maps a vendor tag (case-insensitive) to a class: OpenAI `error.code`/`error.type`,
@@ -597,9 +592,8 @@ fn decide(
         (None, Some(s)) => s,
         (None, None) => ErrorClass::Server,
     };
-    let code = tagged
-        .map(|(_, t)| t.clone())
-        .or_else(|| facts.tags.first().cloned());
+    // The most specific tag, known or not (`decimal_above_max_value` beats its type).
+    let code = facts.tags.first().cloned();
 
     if matches!(
         class,
