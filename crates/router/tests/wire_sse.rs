@@ -56,10 +56,8 @@ async fn parse_stream_split_events_reassembles_and_reports_incomplete_tail() {
 
 #[tokio::test]
 async fn case19b_twenty_deltas_then_half_event_then_reset_yields_twenty_then_error() {
-    let mut chunks: Vec<&'static [u8]> = Vec::new();
-    for _ in 0..20 {
-        chunks.push(b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":null}]}\n\n");
-    }
+    let delta: &'static [u8] = b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":null}]}\n\n";
+    let mut chunks: Vec<&'static [u8]> = vec![delta; 20];
     // The 21st data line arrives without its terminating blank line, then the connection resets.
     chunks.push(b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choi");
     let items = collect(chunks, true).await;
