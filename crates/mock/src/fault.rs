@@ -39,6 +39,20 @@ pub struct FaultSet {
     pub error_rate: Option<ErrorRate>,
     /// Ordered rules, see the module docs for the evaluation order.
     pub rules: Vec<FaultRule>,
+    /// Where rule windows (`from`/`until`) count from.
+    pub origin: WindowOrigin,
+}
+
+/// Zero point of rule time windows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowOrigin {
+    /// When the set was installed (server start, or the `POST /admin/faults` call).
+    #[default]
+    Installed,
+    /// The first request after installation ("times on the mock's clock from the first
+    /// request", as the field cases are written).
+    FirstRequest,
 }
 
 impl FaultSet {
@@ -419,19 +433,24 @@ pub(crate) struct FaultState {
     set: FaultSet,
     counters: Vec<RuleCounters>,
     rng: ChaCha8Rng,
-    /// Mock-clock offset at which the set was installed.
-    installed_at: Duration,
+    /// Mock-clock offset windows count from; `None` until the first request when the origin is
+    /// [`WindowOrigin::FirstRequest`].
+    installed_at: Option<Duration>,
 }
 
 impl FaultState {
     pub(crate) fn new(set: FaultSet, installed_at: Duration) -> Self {
+        let set_origin = set.origin;
         let counters = vec![RuleCounters::default(); set.rules.len()];
         let rng = ChaCha8Rng::seed_from_u64(set.seed);
         Self {
             set,
             counters,
             rng,
-            installed_at,
+            installed_at: match set_origin {
+                WindowOrigin::Installed => Some(installed_at),
+                WindowOrigin::FirstRequest => None,
+            },
         }
     }
 
@@ -457,7 +476,8 @@ impl FaultState {
                 }
             }
         }
-        let since = now.saturating_sub(self.installed_at);
+        let origin = *self.installed_at.get_or_insert(now);
+        let since = now.saturating_sub(origin);
         for (rule, counters) in self.set.rules.iter().zip(self.counters.iter_mut()) {
             let t = &rule.when;
             let in_window = t.from.is_none_or(|f| since >= f) && t.until.is_none_or(|u| since < u);
@@ -543,6 +563,20 @@ mod tests {
     }
 
     #[test]
+    fn decide_first_request_origin_starts_window_at_first_request() {
+        let mut set = FaultSet::rules([FaultRule::window(
+            Duration::ZERO,
+            Duration::from_secs(20),
+            Fault::ServerError { status: 500 },
+        )]);
+        set.origin = WindowOrigin::FirstRequest;
+        let mut st = FaultState::new(set, Duration::ZERO);
+        assert!(st.decide(FACTS, Duration::from_secs(100)).fault.is_some());
+        assert!(st.decide(FACTS, Duration::from_secs(119)).fault.is_some());
+        assert!(st.decide(FACTS, Duration::from_secs(120)).fault.is_none());
+    }
+
+    #[test]
     fn decide_skip_lets_first_requests_pass() {
         let rule = FaultRule::next(1, ra(1)).when(Trigger {
             skip: 5,
@@ -589,6 +623,14 @@ mod tests {
         assert_eq!(d.delay, Duration::from_millis(100));
         assert_eq!(d.extra_ttft, Duration::from_millis(50));
         assert_eq!(d.fault, Some(Fault::PaymentRequired));
+    }
+
+    #[test]
+    fn fault_rule_yaml_typo_is_rejected() {
+        let bad = "rules:\n  - kind: rate_limited\n    retry_afer: 5\n";
+        assert!(serde_yaml::from_str::<FaultSet>(bad).is_err());
+        let bad_when = "rules:\n  - kind: server_error\n    when: { nxt: 1 }\n";
+        assert!(serde_yaml::from_str::<FaultSet>(bad_when).is_err());
     }
 
     #[test]

@@ -35,7 +35,7 @@ mod wire;
 pub use cli::{MockArgs, run};
 pub use clock::go_duration;
 pub use config::{ConfigFile, MockConfig, RateLimitConfig, UsageStyle};
-pub use fault::{ErrorRate, Fault, FaultRule, FaultSet, StreamError, Trigger};
+pub use fault::{ErrorRate, Fault, FaultRule, FaultSet, StreamError, Trigger, WindowOrigin};
 pub use record::{CallRecord, UsageRecord};
 pub use server::{MockError, MockHandle, MockProvider, Stats};
 pub use tokens::count_tokens;

@@ -218,6 +218,21 @@ impl MockHandle {
         self.shared.stats()
     }
 
+    /// Polls the call log every 10 ms until `pred` holds or `timeout` passes; returns whether
+    /// it held. For assertions such as "cancellation recorded within 1 s".
+    pub async fn wait_for(&self, timeout: Duration, pred: impl Fn(&[CallRecord]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if pred(&self.calls()) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Stops accepting, resets open connections and waits for the accept loop to end.
     pub async fn shutdown(mut self) {
         self.token.cancel();

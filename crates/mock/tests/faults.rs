@@ -654,3 +654,31 @@ fn mock_args_override_file_values_and_reject_listen_for_many() {
     let default = MockArgs::default().configs().unwrap();
     assert_eq!(default[0].listen, Some("127.0.0.1:9001".parse().unwrap()));
 }
+
+#[test]
+fn example_config_file_parses() {
+    let text = include_str!("../mocks.example.yaml");
+    let mocks = ConfigFile::from_yaml(text).unwrap().into_mocks();
+    let names: Vec<&str> = mocks.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["p-anthropic", "p-openai", "p-gemini"]);
+    assert_eq!(
+        mocks[0].faults.origin,
+        switchyard_mock::WindowOrigin::FirstRequest
+    );
+    assert_eq!(mocks[1].faults.error_rate.as_ref().unwrap().fraction, 0.02);
+}
+
+#[tokio::test]
+async fn wait_for_sees_calls_and_times_out_otherwise() {
+    let mock = start(MockConfig::default()).await;
+    assert!(
+        !mock
+            .wait_for(Duration::from_millis(50), |c| !c.is_empty())
+            .await
+    );
+    post_chat(&mock).await;
+    assert!(
+        mock.wait_for(Duration::from_millis(50), |c| c.len() == 1)
+            .await
+    );
+}
