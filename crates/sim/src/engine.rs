@@ -20,12 +20,20 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use switchyard_core::time::Instant;
 
-use crate::metrics::{Acc, IntervalRow, RunResult, RunSummary, percentile, ratio};
+use crate::metrics::{Acc, FailureCounts, IntervalRow, RunResult, RunSummary, percentile, ratio};
 use crate::model::{AttemptInput, Outcome, ProviderState, hash, unit};
 use crate::scenario::{Scenario, Traffic};
 use crate::strategy::{Pick, Strategy, StrategyKind};
 
 const NO_SESSION: u32 = u32::MAX;
+
+/// Why a request failed client-visibly.
+#[derive(Debug, Clone, Copy)]
+enum Failure {
+    AttemptsExhausted,
+    QueueTimeout,
+    NoCandidate,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -149,6 +157,7 @@ impl<'a> Engine<'a> {
                 p50_ms: 0.0,
                 p95_ms: 0.0,
                 p99_ms: 0.0,
+                failures: FailureCounts::default(),
             },
         }
     }
@@ -287,7 +296,7 @@ impl<'a> Engine<'a> {
         let now_i = instant(self.now);
         let req = &self.reqs[r as usize];
         if req.attempts >= self.strategy.max_attempts() {
-            self.finish(r, false);
+            self.fail(r, Failure::AttemptsExhausted);
             return;
         }
         let pick = self
@@ -305,10 +314,10 @@ impl<'a> Engine<'a> {
                 if at <= limit {
                     self.push(at, Ev::Resume(r));
                 } else {
-                    self.finish(r, false);
+                    self.fail(r, Failure::QueueTimeout);
                 }
             }
-            Pick::GiveUp => self.finish(r, false),
+            Pick::GiveUp => self.fail(r, Failure::NoCandidate),
         }
     }
 
@@ -384,6 +393,16 @@ impl<'a> Engine<'a> {
                 self.dispatch(r);
             }
         }
+    }
+
+    fn fail(&mut self, r: u32, why: Failure) {
+        let f = &mut self.totals.failures;
+        match why {
+            Failure::AttemptsExhausted => f.attempts_exhausted += 1,
+            Failure::QueueTimeout => f.queue_timeout += 1,
+            Failure::NoCandidate => f.no_candidate += 1,
+        }
+        self.finish(r, false);
     }
 
     fn finish(&mut self, r: u32, ok: bool) {

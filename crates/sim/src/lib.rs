@@ -29,7 +29,7 @@ pub mod scenario;
 mod strategy;
 mod switchyard;
 
-pub use metrics::{IntervalRow, ProviderInterval, RunResult, RunSummary};
+pub use metrics::{FailureCounts, IntervalRow, ProviderInterval, RunResult, RunSummary};
 pub use output::summary_markdown;
 pub use scenario::{Scenario, ServiceType};
 pub use strategy::StrategyKind;

@@ -94,6 +94,19 @@ pub struct RunSummary {
     pub p95_ms: f64,
     /// 99th percentile, ms.
     pub p99_ms: f64,
+    /// Client-visible errors by cause.
+    pub failures: FailureCounts,
+}
+
+/// Client-visible errors by cause.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailureCounts {
+    /// Every allowed attempt failed.
+    pub attempts_exhausted: u64,
+    /// Every candidate stayed paused or open longer than the queue wait.
+    pub queue_timeout: u64,
+    /// No candidate left to try, or the retry budget / fallback throttle refused a retry.
+    pub no_candidate: u64,
 }
 
 /// Everything one run produced.

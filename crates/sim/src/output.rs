@@ -77,7 +77,7 @@ pub(crate) fn write_timeseries(path: &Path, run: &RunResult) -> Result<(), SimEr
     w.flush().map_err(io_err(path))
 }
 
-const SUMMARY_HEADER: [&str; 15] = [
+const SUMMARY_HEADER: [&str; 18] = [
     "scenario",
     "strategy",
     "requests",
@@ -93,6 +93,9 @@ const SUMMARY_HEADER: [&str; 15] = [
     "p95_ms",
     "p99_ms",
     "attempts_per_request",
+    "failed_attempts_exhausted",
+    "failed_queue_timeout",
+    "failed_no_candidate",
 ];
 
 /// Writes `summary.csv`.
@@ -116,6 +119,9 @@ pub(crate) fn write_summary_csv(path: &Path, rows: &[RunSummary]) -> Result<(), 
             format!("{:.0}", s.p95_ms),
             format!("{:.0}", s.p99_ms),
             format!("{:.3}", s.attempts as f64 / s.requests.max(1) as f64),
+            s.failures.attempts_exhausted.to_string(),
+            s.failures.queue_timeout.to_string(),
+            s.failures.no_candidate.to_string(),
         ])
         .map_err(csv_err(path))?;
     }
@@ -135,7 +141,7 @@ pub fn summary_markdown(rows: &[RunSummary]) -> String {
             .find(|r| r.strategy == crate::StrategyKind::Ordered)
             .map(|r| r.uncached_tokens as f64);
         out.push_str(&format!(
-            "\n## {sc}\n\n| strategy | requests | client errors | affinity | uncached input tokens | vs ordered | 429s | other provider errors | attempts/req | p50 ms | p95 ms | p99 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "\n## {sc}\n\n| strategy | requests | client errors | exhausted / queue / refused | affinity | uncached input tokens | vs ordered | 429s | other provider errors | attempts/req | p50 ms | p95 ms | p99 ms |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         ));
         for r in runs {
             let rel = base.filter(|b| *b > 0.0).map_or_else(
@@ -143,12 +149,19 @@ pub fn summary_markdown(rows: &[RunSummary]) -> String {
                 |b| format!("{:+.1} %", (r.uncached_tokens as f64 / b - 1.0) * 100.0),
             );
             out.push_str(&format!(
-                "| {} | {} | {} ({:.3} %) | {:.2} % | {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} |\n",
+                "| {} | {} | {} ({:.3} %) | {} / {} / {} | {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0} |\n",
                 r.strategy,
                 r.requests,
                 r.client_errors,
                 r.client_error_rate * 100.0,
-                r.affinity_retention * 100.0,
+                r.failures.attempts_exhausted,
+                r.failures.queue_timeout,
+                r.failures.no_candidate,
+                if r.affinity_turns > 0 {
+                    format!("{:.2} %", r.affinity_retention * 100.0)
+                } else {
+                    "–".into()
+                },
                 r.uncached_tokens,
                 rel,
                 r.rate_limited,

@@ -210,6 +210,16 @@ pub struct SwitchyardSettings {
     /// Sliding pins (every turn extends the pin; core's default) or fixed pins (re-sampled
     /// `pin` after they were set, the sticky-chain article's behaviour).
     pub pin_refresh_on_hit: bool,
+    /// Whether a request that skips a provider because it is paused (Retry-After) or its
+    /// circuit is open counts as a provider-side error in that provider's controller window
+    /// (default true). Without it, pauses hide the overflow from the controller: the provider
+    /// keeps availability 1 while every pause sheds its projects to the next provider.
+    pub skips_count_as_errors: bool,
+    /// Simulator proposal, not in DESIGN: when the head of a project's chain (the provider
+    /// holding its prompt cache) is paused for at most this long, the first attempt waits for
+    /// it instead of spilling down the chain. `None` (default) = spill at once, as DESIGN §3.
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub cache_hold: Option<Duration>,
     /// Availability-controller overrides; unset fields keep `ControllerConfig::default()`.
     pub controller: ControllerOverrides,
     /// Router-wide retry budget: retries ≤ ratio × first attempts over 10 s, plus
@@ -232,6 +242,8 @@ impl Default for SwitchyardSettings {
             max_attempts: 3,
             pin: Duration::from_secs(300),
             pin_refresh_on_hit: true,
+            skips_count_as_errors: true,
+            cache_hold: None,
             controller: ControllerOverrides::default(),
             retry_budget_ratio: Some(0.2),
             retry_budget_floor_per_sec: 10,

@@ -83,6 +83,8 @@ struct Guards {
     budget: Option<RetryBudget>,
     throttle: Option<FallbackThrottle>,
     rng: ChaCha8Rng,
+    /// Requests that skipped each provider (paused or open) since the last tick.
+    skipped: Vec<u64>,
 }
 
 impl Guards {
@@ -104,6 +106,7 @@ impl Guards {
                 .fallback_throttle_per_sec
                 .map(|r| FallbackThrottle::new(r, (2.0 * r).ceil().max(1.0) as u32)),
             rng: ChaCha8Rng::seed_from_u64(hash(sc.seed, &[3])),
+            skipped: vec![0; sc.providers.len()],
         }
     }
 
@@ -137,9 +140,11 @@ impl Guards {
             }
             if let Some(t) = self.paused_until(i, now) {
                 wake = Some(wake.map_or(t, |w| w.min(t)));
+                self.skipped[i] += 1;
                 continue;
             }
             if !self.breakers[i].try_acquire(now) {
+                self.skipped[i] += 1;
                 // Re-check soon: the cooldown is seconds long and its end is not exposed
                 // through `try_acquire`.
                 let t = now + Duration::from_secs(1);
@@ -205,6 +210,8 @@ pub(crate) struct Chat {
     weights: Vec<f64>,
     pins: ChainPins,
     max_attempts: u32,
+    skips_are_errors: bool,
+    hold: Option<Duration>,
 }
 
 impl Chat {
@@ -230,6 +237,8 @@ impl Chat {
             pins: ChainPins::new(projects as usize * 2, s.pin)
                 .with_refresh_on_hit(s.pin_refresh_on_hit),
             max_attempts: s.max_attempts,
+            skips_are_errors: s.skips_count_as_errors,
+            hold: s.cache_hold,
         }
     }
 
@@ -242,6 +251,12 @@ impl Chat {
 
 impl Strategy for Chat {
     fn tick(&mut self, _now: Instant) {
+        let skipped = std::mem::replace(&mut self.guards.skipped, vec![0; self.avail.len()]);
+        if self.skips_are_errors {
+            for (w, s) in self.window.iter_mut().zip(skipped) {
+                w.provider_errors += s;
+            }
+        }
         for (i, c) in self.controllers.iter_mut().enumerate() {
             self.avail[i] = c.step(std::mem::take(&mut self.window[i])).availability;
         }
@@ -255,6 +270,16 @@ impl Strategy for Chat {
     }
     fn pick(&mut self, project: u32, tried: u64, now: Instant, _: &mut ChaCha8Rng) -> Pick {
         let chain = self.chain(project, now);
+        // Cache hold (simulator proposal, off unless configured): the head of a pinned chain
+        // holds the project's prompt cache; when its pause ends within `hold`, a first attempt
+        // waits for it instead of spilling the whole context to a cold provider.
+        if tried == 0
+            && let (Some(hold), Some(&head)) = (self.hold, chain.first())
+            && let Some(until) = self.guards.paused_until(head, now)
+            && until.saturating_since(now) <= hold
+        {
+            return Pick::WaitUntil(until);
+        }
         self.guards.choose(chain.into_iter(), tried, now)
     }
     fn on_finish(&mut self, p: usize, now: Instant, _: Duration, o: Outcome) {
