@@ -10,6 +10,14 @@
 //! `Retry-After: 1` that lands after a `Retry-After: 120` cannot reopen the provider early, and
 //! a header-less 429 (default cooldown 60 s) after a `Retry-After: 1` extends to 60 s.
 //!
+//! **Single probe after a pause** ([`Pauses::admit`], field case 2). When a pause ends, every
+//! request queued behind it would otherwise go out in the same instant and, if the limit is
+//! still there, collect a fresh round of 429s. `admit` lets exactly one request through as a
+//! probe and keeps the scope closed to others for a probe timeout (10 s) or until the caller
+//! reports the outcome: success opens the scope, a failure records a new pause. This is the
+//! half-open state of a circuit breaker applied to Retry-After pauses; the breaker itself
+//! (`crate::breaker`) handles runs of errors, this handles one advertised cooldown.
+//!
 //! # How long ([`PausePolicy`])
 //! A Retry-After (or vendor reset) is a lower bound (seed 001, DESIGN §4.4): we pause until the
 //! hint **plus** a bounded jitter, never less. The jitter is uniform in
@@ -58,22 +66,73 @@ pub struct PauseEntry {
     pub since: Instant,
     /// The class of the failure that set `until` (the longest one wins, so this is its class).
     pub reason: ErrorClass,
+    /// True while a probe admitted by [`Pauses::admit`] is in flight; `until` is then the end
+    /// of the probe window.
+    pub probing: bool,
 }
 
 /// Pause deadlines per scope. The effective deadline is the max of all recorded ones.
 ///
-/// Memory: one entry per paused scope; expired entries are pruned on every [`Pauses::pause`]
-/// call and by [`Pauses::prune`]. Scopes are few (providers and quota groups of one
-/// router), so pruning is a linear pass.
-#[derive(Debug, Clone, Default)]
+/// Memory: one entry per paused scope; an entry outlives its pause by the probe gate (so the
+/// first request after the pause can be a single probe, [`Pauses::admit`]) and is then pruned
+/// on every [`Pauses::pause`] call and by [`Pauses::prune`]. Scopes are few (providers and
+/// quota groups of one router), so pruning is a linear pass.
+#[derive(Debug, Clone)]
 pub struct Pauses {
     entries: HashMap<ScopeKey, PauseEntry>,
+    probe_timeout: Duration,
+    probe_gate: Duration,
+}
+
+impl Default for Pauses {
+    fn default() -> Self {
+        Pauses {
+            entries: HashMap::new(),
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            probe_gate: DEFAULT_PROBE_GATE,
+        }
+    }
+}
+
+/// How long one probe may take before another is allowed: 10 s. The caller reports success
+/// as soon as response headers (or the first stream event) show the provider accepts work, so
+/// this bounds time-to-headers, not a whole generation.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long after a pause ends the single-probe gate stays armed: 60 s. Only traffic that
+/// arrives soon after the end can stampede; a scope idle for longer simply opens.
+pub const DEFAULT_PROBE_GATE: Duration = Duration::from_secs(60);
+
+/// The dispatch-path verdict of [`Pauses::admit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// No pause: send.
+    Open,
+    /// A pause just ended and this request is its single probe: send, then report the result
+    /// with [`Pauses::probe_succeeded`] or by recording a new pause.
+    Probe,
+    /// Paused (or a probe is in flight) until this instant: skip the provider.
+    Paused {
+        /// When the pause or the probe window ends.
+        until: Instant,
+    },
 }
 
 impl Pauses {
-    /// No scope paused.
+    /// No scope paused; probe timeout [`DEFAULT_PROBE_TIMEOUT`], probe gate
+    /// [`DEFAULT_PROBE_GATE`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// No scope paused, with explicit probe settings (see [`Pauses::admit`]). A zero
+    /// `probe_gate` disables the single-probe gate: a scope opens fully when its pause ends.
+    pub fn with_probe(probe_timeout: Duration, probe_gate: Duration) -> Self {
+        Pauses {
+            entries: HashMap::new(),
+            probe_timeout,
+            probe_gate,
+        }
     }
 
     /// Pauses `scope` for `delay` from `now` and returns the effective deadline: the later of
@@ -88,6 +147,9 @@ impl Pauses {
         reason: ErrorClass,
     ) -> Instant {
         self.prune(now);
+        if delay.is_zero() {
+            return self.paused_until(&[scope], now).unwrap_or(now);
+        }
         let wanted = now + delay;
         match self.entries.get_mut(scope) {
             Some(entry) if entry.until >= wanted => entry.until,
@@ -96,10 +158,10 @@ impl Pauses {
                     until: wanted,
                     since: now,
                     reason,
+                    probing: false,
                 };
                 wanted
             }
-            None if delay.is_zero() => now,
             None => {
                 self.entries.insert(
                     scope.to_owned(),
@@ -107,6 +169,7 @@ impl Pauses {
                         until: wanted,
                         since: now,
                         reason,
+                        probing: false,
                     },
                 );
                 wanted
@@ -141,9 +204,63 @@ impl Pauses {
         self.entries.remove(scope).is_some()
     }
 
-    /// Drops entries whose deadline is at or before `now`.
+    /// Dispatch-path check for a provider with `scopes` (e.g. `[provider, quota_group]`), with a
+    /// single probe after a pause (field case 2: "the first request to the group after the
+    /// pause is a single probe").
+    ///
+    /// * any scope paused (or probing) at `now` → [`Admission::Paused`] with the latest end;
+    /// * else, a scope whose pause ended less than the probe gate ago and has not been probed
+    ///   → [`Admission::Probe`]; those scopes stay closed to everyone else for the probe
+    ///   timeout. Success → [`Pauses::probe_succeeded`]; failure → record the new pause with
+    ///   [`Pauses::pause`] (it replaces the probe window when longer); no report → another
+    ///   probe is allowed after the probe timeout;
+    /// * else [`Admission::Open`].
+    ///
+    /// [`Pauses::paused_until`] ignores the gate; use it for read-only views and retry waits.
+    pub fn admit(&mut self, scopes: &[&str], now: Instant) -> Admission {
+        if let Some(until) = self.paused_until(scopes, now) {
+            return Admission::Paused { until };
+        }
+        let gate = self.probe_gate;
+        let window_end = now + self.probe_timeout;
+        let mut probe = false;
+        for scope in scopes {
+            if let Some(e) = self
+                .entries
+                .get_mut(*scope)
+                .filter(|e| e.until + gate > now)
+            {
+                *e = PauseEntry {
+                    until: window_end,
+                    since: now,
+                    reason: e.reason,
+                    probing: true,
+                };
+                probe = true;
+            }
+        }
+        if probe && !self.probe_timeout.is_zero() {
+            Admission::Probe
+        } else {
+            Admission::Open
+        }
+    }
+
+    /// Reports that a probe through `scopes` got a healthy answer: their probe windows close
+    /// and traffic flows. Scopes paused again meanwhile (`probing == false`) keep their pause.
+    pub fn probe_succeeded(&mut self, scopes: &[&str]) {
+        for scope in scopes {
+            if self.entries.get(*scope).is_some_and(|e| e.probing) {
+                self.entries.remove(*scope);
+            }
+        }
+    }
+
+    /// Drops entries that can no longer affect anything: pause (or probe window) over and the
+    /// probe gate elapsed too.
     pub fn prune(&mut self, now: Instant) {
-        self.entries.retain(|_, e| e.until > now);
+        let gate = self.probe_gate;
+        self.entries.retain(|_, e| e.until + gate > now);
     }
 
     /// Active pauses at `now`, in no particular order (for status and metrics).
@@ -154,7 +271,8 @@ impl Pauses {
             .map(|(k, e)| (k.as_str(), *e))
     }
 
-    /// Number of stored entries, including expired ones not yet pruned.
+    /// Number of stored entries, including expired ones (kept for the probe gate or not yet
+    /// pruned).
     pub fn len(&self) -> usize {
         self.entries.len()
     }

@@ -15,7 +15,7 @@ use switchyard_core::classify::{
     Classification, ErrorClass, POLICY_MIN_PAUSE, classify_response, classify_stream_error,
 };
 use switchyard_core::pause::{
-    AttemptContext, PausePolicy, Pauses, RetryDecision, RetryPolicy, next_attempt,
+    Admission, AttemptContext, PausePolicy, Pauses, RetryDecision, RetryPolicy, next_attempt,
 };
 use switchyard_core::time::Instant;
 
@@ -508,5 +508,69 @@ fn case_18_responses_failed_overloaded_and_quota_variants() {
     assert_eq!(
         classify_stream_error(&error_event).class,
         ErrorClass::Overload
+    );
+}
+
+#[test]
+fn case_02_group_siblings_get_one_call_then_a_single_probe() {
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    let mut pauses = Pauses::new();
+    let policy = PausePolicy::default();
+    let mut group_calls: Vec<(f64, &str)> = Vec::new();
+    let mut served_by_b = 0;
+    // 50 requests over 5 s; chains alternate between the two siblings, then P-B.
+    for k in 0..50 {
+        let t = f64::from(k) * 0.1;
+        let chain: [&str; 2] = if k % 2 == 0 {
+            ["P-A1", "P-A2"]
+        } else {
+            ["P-A2", "P-A1"]
+        };
+        let mut tried = Vec::new();
+        for provider in chain {
+            match pauses.admit(&[provider, "group-a"], at(t)) {
+                Admission::Paused { .. } => continue,
+                Admission::Open | Admission::Probe => {}
+            }
+            tried.push(provider);
+            group_calls.push((t, provider));
+            // The shared upstream account refuses everything before t = 20 s.
+            let c = classify_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                &headers(&[("retry-after", "20".to_owned())]),
+                RATE_LIMIT_BODY.as_bytes(),
+                wall(at(t)),
+            );
+            let p = policy.scope_pause(&c, &mut rng).unwrap();
+            pauses.pause("group-a", p, at(t), c.class);
+        }
+        assert!(tried.len() <= 1, "request {k} hit both siblings: {tried:?}");
+        // P-B is healthy and serves whatever the group did not.
+        served_by_b += 1;
+    }
+    assert!(
+        group_calls.len() <= 2,
+        "group calls in [0, 20 s): {group_calls:?}"
+    );
+    assert_eq!(served_by_b, 50);
+
+    // After the pause (20 s + at most 1 s jitter): ten requests arrive together; one probes.
+    let after = pauses.paused_until(&["group-a"], at(5.0)).unwrap();
+    assert!(after >= at(20.0) && after <= at(21.0));
+    let t = after.since_origin().as_secs_f64();
+    let verdicts: Vec<Admission> = (0..10)
+        .map(|i| pauses.admit(&["P-A1", "group-a"], at(t + f64::from(i) * 0.01)))
+        .collect();
+    assert_eq!(
+        verdicts.iter().filter(|v| **v == Admission::Probe).count(),
+        1,
+        "{verdicts:?}"
+    );
+    assert_eq!(verdicts[0], Admission::Probe);
+    // The probe succeeds: both siblings open.
+    pauses.probe_succeeded(&["P-A1", "group-a"]);
+    assert_eq!(
+        pauses.admit(&["P-A2", "group-a"], at(t + 0.5)),
+        Admission::Open
     );
 }

@@ -9,8 +9,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use switchyard_core::classify::{Classification, ErrorClass};
 use switchyard_core::pause::{
-    AttemptContext, Backoff, HintJitter, PausePolicy, Pauses, RetryDecision, RetryPolicy,
-    next_attempt, wait_fits_deadline,
+    Admission, AttemptContext, Backoff, HintJitter, PausePolicy, Pauses, RetryDecision,
+    RetryPolicy, next_attempt, wait_fits_deadline,
 };
 use switchyard_core::time::Instant;
 
@@ -93,7 +93,9 @@ fn pauses_expired_entries_pruned_on_pause_and_prune() {
     p.pause("P-B", secs(100), at(0.0), ErrorClass::Policy);
     assert_eq!(p.len(), 2);
     p.pause("P-C", secs(1), at(50.0), ErrorClass::Capacity);
-    assert_eq!(p.len(), 2, "P-A expired and was pruned");
+    assert_eq!(p.len(), 3, "P-A's probe gate (60 s) keeps it");
+    p.pause("P-C", secs(1), at(61.0), ErrorClass::Capacity);
+    assert_eq!(p.len(), 2, "P-A expired, its gate too, and was pruned");
     p.prune(at(200.0));
     assert!(p.is_empty());
 }
@@ -421,4 +423,76 @@ fn next_attempt_min_attempt_time_shrinks_usable_deadline() {
     );
     let d = next_attempt(&policy, &c, &ctx(0.0, 16.0), &mut rng());
     assert_eq!(d, RetryDecision::SameProviderAfter(secs(5)));
+}
+
+#[test]
+fn admit_single_probe_after_pause_then_open_on_success() {
+    let mut p = Pauses::new();
+    p.pause("P-A", secs(20), at(0.0), ErrorClass::Capacity);
+    assert_eq!(
+        p.admit(&["P-A"], at(19.0)),
+        Admission::Paused { until: at(20.0) }
+    );
+    assert_eq!(p.admit(&["P-A"], at(20.5)), Admission::Probe);
+    // Everyone else waits for the probe (up to the 10 s probe timeout).
+    assert_eq!(
+        p.admit(&["P-A"], at(20.6)),
+        Admission::Paused { until: at(30.5) }
+    );
+    assert!(p.is_paused(&["P-A"], at(21.0)));
+    p.probe_succeeded(&["P-A"]);
+    assert_eq!(p.admit(&["P-A"], at(21.0)), Admission::Open);
+    assert!(p.is_empty());
+}
+
+#[test]
+fn admit_failed_probe_repauses_and_lost_probe_is_replaced() {
+    let mut p = Pauses::new();
+    p.pause("P-A", secs(20), at(0.0), ErrorClass::Capacity);
+    assert_eq!(p.admit(&["P-A"], at(20.0)), Admission::Probe);
+    // The probe got another 429 with Retry-After 30: the new pause replaces the window.
+    assert_eq!(
+        p.pause("P-A", secs(30), at(21.0), ErrorClass::Capacity),
+        at(51.0)
+    );
+    p.probe_succeeded(&["P-A"]);
+    assert!(
+        p.is_paused(&["P-A"], at(40.0)),
+        "a success report does not lift a fresh pause"
+    );
+    assert_eq!(p.admit(&["P-A"], at(51.0)), Admission::Probe);
+    // That probe never reports back: after the probe timeout another one is allowed.
+    assert_eq!(
+        p.admit(&["P-A"], at(60.0)),
+        Admission::Paused { until: at(61.0) }
+    );
+    assert_eq!(p.admit(&["P-A"], at(61.0)), Admission::Probe);
+}
+
+#[test]
+fn admit_gate_expires_and_can_be_disabled() {
+    let mut p = Pauses::new();
+    p.pause("P-A", secs(5), at(0.0), ErrorClass::Capacity);
+    assert_eq!(
+        p.admit(&["P-A"], at(65.0)),
+        Admission::Open,
+        "idle past the 60 s gate"
+    );
+    let mut q = Pauses::with_probe(secs(10), Duration::ZERO);
+    q.pause("P-A", secs(5), at(0.0), ErrorClass::Capacity);
+    assert_eq!(q.admit(&["P-A"], at(5.0)), Admission::Open);
+    assert_eq!(q.admit(&["P-A"], at(5.0)), Admission::Open);
+}
+
+#[test]
+fn admit_group_probe_closes_siblings() {
+    let mut p = Pauses::new();
+    p.pause("group-a", secs(20), at(0.0), ErrorClass::Capacity);
+    assert_eq!(p.admit(&["P-A1", "group-a"], at(20.0)), Admission::Probe);
+    assert_eq!(
+        p.admit(&["P-A2", "group-a"], at(20.1)),
+        Admission::Paused { until: at(30.0) }
+    );
+    p.probe_succeeded(&["P-A1", "group-a"]);
+    assert_eq!(p.admit(&["P-A2", "group-a"], at(20.2)), Admission::Open);
 }
