@@ -164,7 +164,13 @@ pub const DEFAULT_PIN: Duration = Duration::from_secs(300);
 ///
 /// A pin is used only while the provider set (names and order) is the one it was computed over;
 /// a config change recomputes it. Per router replica: replicas agree on fresh chains (rendezvous)
-/// but a [`ChainPins::move_to_front`] is local to the replica that saw the failure.
+/// but a [`ChainPins::move_to_front`] is local to the replica that saw the failure; to make a
+/// failover stick across replicas, share the moved chain and install it with
+/// [`ChainPins::pin`].
+///
+/// The map itself hashes keys with `std`'s per-process randomly keyed SipHash: project keys come
+/// from client headers, so the cache must not be open to hash flooding. (Only the rendezvous hash
+/// has to agree across processes, and it does not live here.)
 #[derive(Debug)]
 pub struct ChainPins {
     cache: LruCache<String, Pin>,
@@ -246,6 +252,30 @@ impl ChainPins {
         };
         pin.chain[..=pos].rotate_right(1);
         pin.expires = now + pin_for;
+        true
+    }
+
+    /// Installs `chain` as project `key`'s pin over `providers` until `now + pin`, replacing any
+    /// pin it had. For replicas that share affinity moves (e.g. a failover learned from another
+    /// replica through a shared store): [`ChainPins::move_to_front`] alone is local to the
+    /// replica that saw the failure. Returns `false` (and changes nothing) unless `chain` is a
+    /// permutation of `0..providers.len()`.
+    pub fn pin(&mut self, key: &str, providers: &[&str], chain: Vec<usize>, now: Instant) -> bool {
+        let mut seen: SmallVec<[bool; INLINE_PROVIDERS]> =
+            SmallVec::from_elem(false, providers.len());
+        let is_permutation = chain.len() == providers.len()
+            && chain
+                .iter()
+                .all(|&i| seen.get_mut(i).is_some_and(|s| !std::mem::replace(s, true)));
+        if !is_permutation {
+            return false;
+        }
+        let pin = Pin {
+            chain,
+            provider_set: provider_set_fingerprint(providers),
+            expires: now + self.pin,
+        };
+        self.cache.put(key.to_owned(), pin);
         true
     }
 
@@ -457,6 +487,21 @@ mod tests {
         );
         assert!(!pins.move_to_front("k", 9, Instant::from_millis(7)));
         assert!(!pins.move_to_front("other", 0, Instant::from_millis(7)));
+    }
+
+    #[test]
+    fn chain_pins_pin_installs_only_permutations() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        let names = ["a", "b", "c"];
+        let t = Instant::ZERO;
+        assert!(!pins.pin("k", &names, vec![0, 0, 1], t));
+        assert!(!pins.pin("k", &names, vec![0, 1], t));
+        assert!(!pins.pin("k", &names, vec![0, 1, 3], t));
+        assert!(pins.is_empty());
+        assert!(pins.pin("k", &names, vec![2, 0, 1], t));
+        assert_eq!(pins.chain("k", &names, &[1.0, 0.0, 0.0], t), vec![2, 0, 1]);
+        // A different provider set ignores the installed pin.
+        assert_eq!(pins.chain("k", &["a", "b"], &[1.0, 0.0], t), vec![0, 1]);
     }
 
     #[test]
