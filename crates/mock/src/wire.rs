@@ -9,10 +9,11 @@
 //!   with `"choices": []` and the usage (every earlier chunk then carries `"usage": null`).
 //! - Anthropic: `message_start` (input usage), `content_block_start`, `ping`,
 //!   `content_block_delta`s (`text_delta`), `content_block_stop`, `message_delta` (`stop_reason`,
-//!   `usage.output_tokens`), `message_stop`.
+//!   cumulative `usage` with `output_tokens`), `message_stop`.
 //! - Responses: `response.created`, `response.in_progress`, `response.output_item.added`,
 //!   `response.content_part.added`, `response.output_text.delta`s, `..._text.done`,
-//!   `response.content_part.done`, `response.output_item.done`, `response.completed` (usage).
+//!   `response.content_part.done`, `response.output_item.done`, `response.completed` (usage;
+//!   `response.incomplete` with `incomplete_details.reason = max_output_tokens` when cut short).
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -135,7 +136,7 @@ impl Answer {
         match self.api {
             ChatApi::OpenAiChat => self.openai_json(),
             ChatApi::Anthropic => self.anthropic_json(),
-            ChatApi::Responses => self.responses_object("completed", true),
+            ChatApi::Responses => self.responses_object(self.responses_final_status(), true),
         }
     }
 
@@ -208,12 +209,26 @@ impl Answer {
             json!([])
         };
         let usage = match (&self.usage, status) {
-            (Some(u), "completed") => responses_usage(u),
+            (Some(u), "completed" | "incomplete") => responses_usage(u),
             _ => Value::Null,
+        };
+        let incomplete = if status == "incomplete" {
+            json!({"reason": "max_output_tokens"})
+        } else {
+            Value::Null
         };
         json!({"id": self.id, "object": "response", "created_at": self.created,
             "status": status, "model": self.model, "output": output, "usage": usage,
-            "error": null, "incomplete_details": null})
+            "error": null, "incomplete_details": incomplete})
+    }
+
+    /// Terminal Responses status: `incomplete` when `max_output_tokens` cut the answer.
+    fn responses_final_status(&self) -> &'static str {
+        if self.finish == Finish::Length {
+            "incomplete"
+        } else {
+            "completed"
+        }
     }
 }
 
@@ -429,10 +444,8 @@ impl Sse {
                 let mut delta = json!({"type": "message_delta",
                     "delta": {"stop_reason": self.answer.anthropic_stop(), "stop_sequence": null}});
                 if let (Some(u), Some(obj)) = (&usage, delta.as_object_mut()) {
-                    obj.insert(
-                        "usage".to_owned(),
-                        json!({"output_tokens": u.output_tokens}),
-                    );
+                    // Cumulative counts, as the current API repeats them at the end.
+                    obj.insert("usage".to_owned(), anthropic_usage(u, u.output_tokens));
                 }
                 let v = vec![
                     event(
@@ -466,8 +479,10 @@ impl Sse {
                     "response.output_item.done",
                     json!({"output_index": 0, "item": item}),
                 ));
-                let done = self.answer.responses_object("completed", true);
-                v.push(self.resp_event("response.completed", json!({"response": done})));
+                let status = self.answer.responses_final_status();
+                let done = self.answer.responses_object(status, true);
+                let name = format!("response.{status}");
+                v.push(self.resp_event(&name, json!({"response": done})));
                 (v, usage)
             }
         }
