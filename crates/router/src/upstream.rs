@@ -260,6 +260,7 @@ impl UpstreamClient {
             .connect_timeout(endpoint.connect_timeout)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .tcp_nodelay(true)
+            .user_agent(concat!("switchyard/", env!("CARGO_PKG_VERSION")))
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| TransportError::Config(error_chain(&e)))?;

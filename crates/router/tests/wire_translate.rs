@@ -687,3 +687,60 @@ fn stream_anthropic_passthrough_forwards_verbatim_and_counts_usage() {
         })
     );
 }
+
+#[test]
+fn stream_finish_after_stop_marker_without_terminator_completes_every_mode() {
+    // OpenAI upstream that ends after the finish chunk (no usage chunk, no [DONE]).
+    let mut openai_items = openai_upstream(false);
+    openai_items.pop();
+    let mut t = StreamTranslator::openai_passthrough(false);
+    let mut out: Vec<SseItem> = openai_items
+        .iter()
+        .flat_map(|i| t.push(i).unwrap())
+        .collect();
+    out.extend(t.finish());
+    assert!(t.is_finished());
+    assert_eq!(out.last(), Some(&SseItem::Event(SseEvent::data("[DONE]"))));
+
+    // Anthropic upstream that ends after message_delta (no message_stop).
+    let mut anthropic_items = anthropic_upstream();
+    anthropic_items.pop();
+    let mut t = StreamTranslator::anthropic_to_openai(1, false);
+    let events = run(&mut t, &anthropic_items);
+    assert!(t.is_finished());
+    check_openai(&events);
+
+    let mut t = StreamTranslator::anthropic_passthrough();
+    let mut out: Vec<SseItem> = anthropic_items
+        .iter()
+        .flat_map(|i| t.push(i).unwrap())
+        .collect();
+    out.extend(t.finish());
+    assert!(t.is_finished());
+    let SseItem::Event(last) = out.last().unwrap() else {
+        panic!()
+    };
+    assert_eq!(last.event.as_deref(), Some("message_stop"));
+}
+
+#[test]
+fn stream_finish_without_stop_marker_is_truncated_every_mode() {
+    let openai_items = &openai_upstream(false)[..3];
+    let anthropic_items = &anthropic_upstream()[..6];
+    let cases: Vec<(StreamTranslator, &[SseItem])> = vec![
+        (StreamTranslator::openai_passthrough(true), openai_items),
+        (StreamTranslator::openai_to_anthropic(), openai_items),
+        (StreamTranslator::anthropic_passthrough(), anthropic_items),
+        (
+            StreamTranslator::anthropic_to_openai(1, true),
+            anthropic_items,
+        ),
+    ];
+    for (mut t, items) in cases {
+        for i in items {
+            t.push(i).unwrap();
+        }
+        assert!(t.finish().is_empty());
+        assert!(!t.is_finished() && !t.is_errored());
+    }
+}

@@ -42,6 +42,9 @@ pub struct StreamTranslator {
     mode: Mode,
     usage: StreamUsage,
     state: End,
+    /// A stop marker (OpenAI `finish_reason`, Anthropic `message_delta`) was seen, so a clean
+    /// end of input without the terminator is a complete answer, not a truncation.
+    stop_seen: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +98,7 @@ impl StreamTranslator {
             mode,
             usage: StreamUsage::new(),
             state: End::Open,
+            stop_seen: false,
         }
     }
 
@@ -135,6 +139,7 @@ impl StreamTranslator {
                     OpenAiData::Error(_) => self.state = End::Errored,
                     OpenAiData::Chunk(chunk) => {
                         self.usage.observe_openai(&chunk);
+                        self.stop_seen |= chunk.choices.iter().any(|c| c.finish_reason.is_some());
                         if chunk.is_usage_only() && !*client_wants_usage {
                             return Ok(out);
                         }
@@ -148,6 +153,7 @@ impl StreamTranslator {
                 match event {
                     anthropic::StreamEvent::MessageStop => self.state = End::Finished,
                     anthropic::StreamEvent::Error { .. } => self.state = End::Errored,
+                    anthropic::StreamEvent::MessageDelta { .. } => self.stop_seen = true,
                     _ => {}
                 }
                 out.push(item.clone());
@@ -155,6 +161,7 @@ impl StreamTranslator {
             Mode::AnthropicToOpenAi(t) => {
                 let event = parse_anthropic(ev)?;
                 self.usage.observe_anthropic(&event);
+                self.stop_seen |= matches!(event, anthropic::StreamEvent::MessageDelta { .. });
                 self.state = t.push(event, &self.usage, &mut out);
             }
             Mode::OpenAiToAnthropic(t) => {
@@ -168,9 +175,11 @@ impl StreamTranslator {
         Ok(out)
     }
 
-    /// Upstream ended cleanly (no transport error). Returns closing items when the upstream
-    /// omitted its own terminator but had finished (an OpenAI stream with a finish reason and
-    /// no `[DONE]`); otherwise nothing. Check [`StreamTranslator::is_finished`] afterwards: if
+    /// Upstream ended cleanly (no transport error). When the upstream had signalled the end
+    /// of the answer (finish reason / `message_delta`) but omitted its terminator (`[DONE]` /
+    /// `message_stop`), as some OpenAI-compatible servers do, the missing terminator (and, for
+    /// translated streams, the closing events) is returned and the stream counts as finished.
+    /// Otherwise nothing is returned; check [`StreamTranslator::is_finished`] afterwards: if
     /// false, the stream was truncated and the dispatcher must send an error event.
     pub fn finish(&mut self) -> Vec<SseItem> {
         let mut out = Vec::new();
@@ -178,13 +187,24 @@ impl StreamTranslator {
             return out;
         }
         match &mut self.mode {
-            Mode::OpenAiToAnthropic(t) if t.stop_reason.is_some() => {
-                self.state = t.push(OpenAiData::Done, &self.usage, &mut out);
+            Mode::OpenAiToAnthropic(t) => {
+                if t.stop_reason.is_some() {
+                    self.state = t.push(OpenAiData::Done, &self.usage, &mut out);
+                }
             }
-            Mode::OpenAiPassthrough { .. } => {
-                // Some OpenAI-compatible servers end after the finish chunk without `[DONE]`;
-                // the client SDKs accept a clean end of stream, so this is not a truncation.
-                // Nothing to add: forwarding a synthetic `[DONE]` is harmless but not needed.
+            Mode::AnthropicToOpenAi(t) if self.stop_seen => {
+                self.state = t.push(anthropic::StreamEvent::MessageStop, &self.usage, &mut out);
+            }
+            Mode::OpenAiPassthrough { .. } if self.stop_seen => {
+                out.push(SseItem::Event(SseEvent::data("[DONE]")));
+                self.state = End::Finished;
+            }
+            Mode::AnthropicPassthrough if self.stop_seen => {
+                out.push(json_event(
+                    Some("message_stop"),
+                    &json!({"type": "message_stop"}),
+                ));
+                self.state = End::Finished;
             }
             _ => {}
         }
