@@ -524,6 +524,22 @@ fn extract(root: &Value) -> Facts {
         let name = t.rsplit('#').next().unwrap_or(t);
         facts.tags.insert(0, name.to_owned());
     }
+    // OpenAI-compatible servers (vLLM, Mistral): {"object":"error","type":…,"code":…}.
+    if v.get("object").and_then(Value::as_str) == Some("error") {
+        push_tag(&mut facts, v.get("type"));
+    }
+    // Bedrock stream exception events, decoded by the adapter: {"throttlingException":
+    // {"message":…}}.
+    if let Some(obj) = v.as_object() {
+        for (key, inner) in obj {
+            if key.to_ascii_lowercase().ends_with("exception") && inner.is_object() {
+                facts.tags.insert(0, key.clone());
+                if facts.message.is_none() {
+                    facts.message = inner.get("message").and_then(Value::as_str).map(bounded);
+                }
+            }
+        }
+    }
     if facts.message.is_none() {
         facts.message = ["message", "Message", "detail"]
             .iter()

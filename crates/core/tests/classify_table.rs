@@ -906,3 +906,123 @@ fn error_class_policy_table() {
         assert_eq!(serde_json::to_value(class).unwrap(), json!(label));
     }
 }
+
+#[test]
+fn classify_openai_compatible_shapes_table() {
+    use ErrorClass::*;
+    check(&[
+        row(
+            "azure rate limit with string code and retry phrase",
+            429,
+            vec![],
+            json!({"error": {"code": "429", "message": "Requests to the ChatCompletions_Create Operation have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 6 seconds."}}),
+            Capacity,
+            Some(secs(6)),
+            Some("429"),
+        ),
+        row(
+            "azure content filter",
+            400,
+            vec![],
+            json!({"error": {"code": "content_filter", "message": "The response was filtered", "status": 400}}),
+            Request,
+            None,
+            Some("content_filter"),
+        ),
+        row(
+            "groq tokens per day",
+            429,
+            vec![],
+            openai(
+                "Rate limit reached on tokens per day (TPD): Limit 500000, Used 499000. Please try again in 5m46s.",
+                "tokens",
+                Some("rate_limit_exceeded"),
+            ),
+            Policy,
+            Some(secs(346)),
+            Some("rate_limit_exceeded"),
+        ),
+        row(
+            "vllm object error",
+            400,
+            vec![],
+            json!({"object": "error", "message": "max_tokens is too large", "type": "BadRequestError", "param": null, "code": 400}),
+            Request,
+            None,
+            Some("BadRequestError"),
+        ),
+        row(
+            "mistral object error",
+            429,
+            vec![],
+            json!({"object": "error", "message": "Requests rate limit exceeded", "type": "rate_limit_error", "param": null, "code": "1300"}),
+            Capacity,
+            None,
+            Some("1300"),
+        ),
+        row(
+            "deepseek insufficient balance",
+            402,
+            vec![],
+            json!({"error": {"message": "Insufficient Balance", "type": "unknown_error"}}),
+            Policy,
+            None,
+            Some("unknown_error"),
+        ),
+        row(
+            "plain string error",
+            429,
+            vec![],
+            json!({"error": "Too many requests"}),
+            Capacity,
+            None,
+            None,
+        ),
+        row(
+            "fastapi detail",
+            503,
+            vec![("retry-after", "3")],
+            json!({"detail": "Service temporarily overloaded"}),
+            Overload,
+            Some(secs(3)),
+            None,
+        ),
+    ]);
+}
+
+#[test]
+fn stream_error_bedrock_exception_events() {
+    let rows = [
+        (
+            json!({"throttlingException": {"message": "Too many requests"}}),
+            ErrorClass::Capacity,
+            "throttlingException",
+        ),
+        (
+            json!({"modelStreamErrorException": {"message": "boom", "originalStatusCode": 500}}),
+            ErrorClass::Server,
+            "modelStreamErrorException",
+        ),
+        (
+            json!({"serviceUnavailableException": {"message": "busy"}}),
+            ErrorClass::Overload,
+            "serviceUnavailableException",
+        ),
+        (
+            json!({"validationException": {"message": "bad input"}}),
+            ErrorClass::Request,
+            "validationException",
+        ),
+        (
+            json!({"internalServerException": {"message": "oops"}}),
+            ErrorClass::Server,
+            "internalServerException",
+        ),
+    ];
+    for (payload, class, code) in rows {
+        let c = classify_stream_error(&payload);
+        assert_eq!(c.class, class, "{payload}");
+        assert_eq!(c.code.as_deref(), Some(code));
+        assert!(c.message.is_some());
+    }
+}
