@@ -1,7 +1,7 @@
 //! Runs scenario files and writes the outputs, like `switchyard simulate`:
 //! `cargo run --release -p switchyard-sim --example simulate -- OUT_DIR SCENARIO.yaml...`
-//! Each scenario's `summary.md` is printed to stderr; summaries of all scenarios are merged
-//! into `OUT_DIR/summary.{csv,md}`.
+//! Writes `OUT_DIR/<scenario>/<strategy>/{timeseries.csv,chart.svg}` and one
+//! `OUT_DIR/summary.{csv,md}` for all scenarios, and prints the Markdown summary to stderr.
 
 use std::path::PathBuf;
 
@@ -11,16 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.next()
             .ok_or("usage: simulate OUT_DIR SCENARIO.yaml...")?,
     );
-    let mut all = Vec::new();
-    for path in args {
-        let report = switchyard_sim::run_scenario_file(path.as_ref(), &out.join("runs"))?;
-        eprintln!("{}", switchyard_sim::summary_markdown(&report.runs));
-        all.extend(report.runs);
-    }
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("summary.md"),
-        switchyard_sim::summary_markdown(&all),
-    )?;
+    let paths: Vec<PathBuf> = args.map(PathBuf::from).collect();
+    let reports = switchyard_sim::run_scenario_files(&paths, &out)?;
+    let all: Vec<_> = reports.into_iter().flat_map(|r| r.runs).collect();
+    eprintln!("{}", switchyard_sim::summary_markdown(&all));
     Ok(())
 }

@@ -106,6 +106,20 @@ pub fn run_scenario_file(path: &Path, out_dir: &Path) -> Result<Report, SimError
     })
 }
 
+/// Runs several scenario files like [`run_scenario_file`], then writes one `summary.csv` and
+/// `summary.md` in `out_dir` covering all of them (each scenario's runs stay under
+/// `out_dir/<scenario>/<strategy>/`). Stops at the first failing file.
+pub fn run_scenario_files(paths: &[PathBuf], out_dir: &Path) -> Result<Vec<Report>, SimError> {
+    let mut reports = Vec::with_capacity(paths.len());
+    for path in paths {
+        reports.push(run_scenario_file(path, out_dir)?);
+    }
+    let all: Vec<RunSummary> = reports.iter().flat_map(|r| r.runs.clone()).collect();
+    output::write_summary_csv(&out_dir.join("summary.csv"), &all)?;
+    output::write_summary_md(&out_dir.join("summary.md"), &all)?;
+    Ok(reports)
+}
+
 /// Runs every strategy of a scenario.
 pub fn run_all(scenario: &Scenario) -> Vec<RunResult> {
     strategies_of(scenario)
