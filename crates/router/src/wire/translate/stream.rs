@@ -187,10 +187,8 @@ impl StreamTranslator {
             return out;
         }
         match &mut self.mode {
-            Mode::OpenAiToAnthropic(t) => {
-                if t.stop_reason.is_some() {
-                    self.state = t.push(OpenAiData::Done, &self.usage, &mut out);
-                }
+            Mode::OpenAiToAnthropic(t) if t.stop_reason.is_some() => {
+                self.state = t.push(OpenAiData::Done, &self.usage, &mut out);
             }
             Mode::AnthropicToOpenAi(t) if self.stop_seen => {
                 self.state = t.push(anthropic::StreamEvent::MessageStop, &self.usage, &mut out);
