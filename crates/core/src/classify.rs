@@ -12,8 +12,10 @@
 //! 1. **Vendor tag.** Parse the body as JSON (garbage is fine: it just yields no tag) and pick the
 //!    most specific machine-readable tag: Bedrock's `x-amzn-errortype` header (or `__type`),
 //!    OpenAI's `error.code` then `error.type`, Anthropic's `error.type`, Gemini/Vertex's
-//!    `error.status`. Tags map to classes through one table ([`class_for_tag`]); the tag names
-//!    of the four vendors do not collide, so one table serves all.
+//!    `error.status`, OpenAI-compatible servers' top-level `code`/`type` (`"object":"error"`),
+//!    Bedrock stream exception events (`{"throttlingException":{…}}`). Tags map to classes
+//!    through one table ([`class_for_tag`]); the vendors' tag names do not collide, so one table
+//!    serves all.
 //! 2. **Status fallback.** No known tag → the HTTP status decides (429 capacity; 503/529
 //!    overload; 500/502/504 server; 408 timeout; 401/403 auth; 402 policy; other 4xx request;
 //!    everything else server). A tag that blames the client (request) on a 429/5xx is overruled
@@ -28,9 +30,13 @@
 //!      "billing", "per day", "insufficient quota" … see [`EXHAUSTION_PHRASES`]; field case 3b:
 //!      a 400 `invalid_request_error` saying the usage limit is reached until a date).
 //!
-//!    Gemini's per-minute 429s also say "check your plan and billing details", so when Gemini
-//!    sent a structured `QuotaFailure`, only the structured scope (per day or not) and
-//!    per-day wording count.
+//!    Transient answers often carry upsell text: Gemini's per-minute 429s say "check your plan
+//!    and billing details", OpenAI's free-tier `rate_limit_exceeded` says "add a payment
+//!    method … /account/billing". So when a structured tag already says transient (a
+//!    per-minute `QuotaFailure`, or a capacity/overload tag such as `rate_limit_exceeded`,
+//!    `ThrottlingException`), only per-day wording ("per day", "daily", "(RPD)", "(TPD)")
+//!    turns it into policy; the full phrase list applies to bare statuses and to request/auth
+//!    answers.
 //! 4. **Hints and pause.** `retry_after` is the longest of the header hint
 //!    ([`crate::retry_after::retry_after`]) and the body hint (Gemini `RetryInfo`, "try again
 //!    in 20s"); for policy answers a reset date in the message ("until 2026-12-14") counts too.
@@ -312,7 +318,7 @@ pub fn classify_response(
         .map(|v| v.split(':').next().unwrap_or(v).trim())
         .filter(|v| !v.is_empty())
     {
-        facts.tags.insert(0, kind.to_owned());
+        facts.tags.insert(0, tag(kind));
     }
     if facts.message.is_none() && json.is_none() {
         facts.message = plain_text_message(body);
@@ -500,7 +506,7 @@ fn extract(root: &Value) -> Facts {
             .map(str::trim)
             .filter(|s| !s.is_empty())
         {
-            facts.tags.push(s.to_owned());
+            facts.tags.push(tag(s));
         }
     };
     match error {
@@ -522,7 +528,7 @@ fn extract(root: &Value) -> Facts {
     push_tag(&mut facts, v.get("code").filter(|c| c.is_string()));
     if let Some(t) = v.get("__type").and_then(Value::as_str) {
         let name = t.rsplit('#').next().unwrap_or(t);
-        facts.tags.insert(0, name.to_owned());
+        facts.tags.insert(0, tag(name));
     }
     // OpenAI-compatible servers (vLLM, Mistral): {"object":"error","type":…,"code":…}.
     if v.get("object").and_then(Value::as_str) == Some("error") {
@@ -533,7 +539,7 @@ fn extract(root: &Value) -> Facts {
     if let Some(obj) = v.as_object() {
         for (key, inner) in obj {
             if key.to_ascii_lowercase().ends_with("exception") && inner.is_object() {
-                facts.tags.insert(0, key.clone());
+                facts.tags.insert(0, tag(key));
                 if facts.message.is_none() {
                     facts.message = inner.get("message").and_then(Value::as_str).map(bounded);
                 }
@@ -672,10 +678,21 @@ fn max_opt(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 
 /// Cuts `s` to at most [`MAX_MESSAGE_BYTES`] at a char boundary.
 fn bounded(s: &str) -> String {
-    if s.len() <= MAX_MESSAGE_BYTES {
+    truncate(s, MAX_MESSAGE_BYTES)
+}
+
+/// Longest vendor tag we keep (bytes). Real tags are short identifiers.
+const MAX_TAG_BYTES: usize = 128;
+
+fn tag(s: &str) -> String {
+    truncate(s, MAX_TAG_BYTES)
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
         return s.to_owned();
     }
-    let mut end = MAX_MESSAGE_BYTES;
+    let mut end = max;
     while !s.is_char_boundary(end) {
         end -= 1;
     }
