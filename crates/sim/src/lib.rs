@@ -115,9 +115,18 @@ pub fn run_scenario_files(paths: &[PathBuf], out_dir: &Path) -> Result<Vec<Repor
         reports.push(run_scenario_file(path, out_dir)?);
     }
     let all: Vec<RunSummary> = reports.iter().flat_map(|r| r.runs.clone()).collect();
-    output::write_summary_csv(&out_dir.join("summary.csv"), &all)?;
-    output::write_summary_md(&out_dir.join("summary.md"), &all)?;
+    write_summaries(&all, out_dir)?;
     Ok(reports)
+}
+
+/// Writes `out_dir/summary.csv` and `out_dir/summary.md` for the given runs (any scenarios).
+pub fn write_summaries(runs: &[RunSummary], out_dir: &Path) -> Result<(), SimError> {
+    std::fs::create_dir_all(out_dir).map_err(|e| SimError::Io {
+        path: out_dir.display().to_string(),
+        source: e,
+    })?;
+    output::write_summary_csv(&out_dir.join("summary.csv"), runs)?;
+    output::write_summary_md(&out_dir.join("summary.md"), runs)
 }
 
 /// Runs every strategy of a scenario.
@@ -148,7 +157,5 @@ pub fn write_outputs(
         output::write_chart(&dir.join("chart.svg"), &title, run)?;
     }
     let summaries: Vec<RunSummary> = runs.iter().map(|r| r.summary.clone()).collect();
-    output::write_summary_csv(&out_dir.join("summary.csv"), &summaries)?;
-    output::write_summary_md(&out_dir.join("summary.md"), &summaries)?;
-    Ok(())
+    write_summaries(&summaries, out_dir)
 }

@@ -433,6 +433,15 @@ impl Scenario {
         Self::from_yaml(&text)
     }
 
+    /// A copy with another seed, named `<name>-seed<seed>` (for robustness sweeps).
+    pub fn with_seed(&self, seed: u64) -> Scenario {
+        Scenario {
+            name: format!("{}-seed{seed}", self.name),
+            seed,
+            ..self.clone()
+        }
+    }
+
     /// Checks the cross-field rules serde cannot express.
     pub fn validate(&self) -> Result<(), SimError> {
         let bad = |m: String| Err(SimError::Invalid(m));
