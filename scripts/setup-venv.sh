@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates (or refreshes) the Python venv at <repo>/.venv with the pinned official OpenAI and
+# Anthropic SDKs from tests/python/requirements.txt. The e2e tests in tests/tests/sdk.rs run
+# their client scripts with <repo>/.venv/bin/python (override with SWITCHYARD_PYTHON).
+#
+# Idempotent: when the venv exists and already satisfies the requirements file (checked by a
+# stamp holding the file's hash), it does nothing.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+req="$root/tests/python/requirements.txt"
+stamp="$venv/.requirements.sha256"
+python="${PYTHON:-python3}"
+
+want="$(sha256sum "$req" | cut -d' ' -f1)"
+if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "venv: $venv is up to date"
+    exit 0
+fi
+
+if [[ ! -x "$venv/bin/python" ]]; then
+    echo "venv: creating $venv with $("$python" --version 2>&1)"
+    "$python" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+echo "$want" > "$stamp"
+"$venv/bin/python" -c 'import openai, anthropic; print("venv: openai", openai.__version__, "anthropic", anthropic.__version__)'
