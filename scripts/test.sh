@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The project's one test command: formatting, lints, build, every test (unit, property,
+# doctests, simulator, end-to-end with the official SDKs).
+#
+#   scripts/test.sh
+#
+# It creates the Python venv with the pinned SDKs when it is missing (scripts/setup-venv.sh),
+# builds the `switchyard` binary that the end-to-end tests spawn, and stops at the first
+# failing step with a non-zero exit code.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+step() {
+    echo
+    echo "==> $*"
+}
+
+step "python venv with the official SDKs"
+bash scripts/setup-venv.sh
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+# The e2e tests spawn target/debug/switchyard; build it before `cargo test` so they never run
+# against a stale binary.
+step "cargo build --workspace --bins"
+cargo build --workspace --bins
+
+step "cargo test --workspace"
+cargo test --workspace
+
+echo
+echo "==> all checks passed"
