@@ -19,7 +19,8 @@ const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 9001);
 /// file describes a single mock).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct MockArgs {
-    /// Address to listen on (single mock only); default 127.0.0.1:9001 without a config.
+    /// Address to listen on (single mock only). A lone mock without one binds 127.0.0.1:9001;
+    /// mocks in a list without one bind an ephemeral port (logged at start).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Name of the mock (single mock only).
@@ -69,6 +70,11 @@ impl MockArgs {
         }
         if mocks.len() > 1 && (self.listen.is_some() || self.name.is_some()) {
             bail!("--listen and --name apply to a single mock; set them per mock in the file");
+        }
+        if let [only] = mocks.as_mut_slice()
+            && only.listen.is_none()
+        {
+            only.listen = Some(SocketAddr::from(DEFAULT_LISTEN));
         }
         for m in &mut mocks {
             if let Some(l) = self.listen {

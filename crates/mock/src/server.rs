@@ -459,6 +459,14 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
     let now = shared.recorder.now();
     let decision = lock(&shared.state).faults.decide(facts, now);
     guard.add_fault_labels(&decision.labels);
+    tracing::debug!(
+        mock = %shared.config.name,
+        path = parts.uri.path(),
+        model = %model,
+        stream,
+        faults = ?decision.labels,
+        "mock request"
+    );
     let ctx = Ctx {
         shared: shared.clone(),
         guard,
@@ -840,9 +848,7 @@ fn json_body(
             },
             StreamPlan::Cut(_) => {
                 sleep_until(done_at).await;
-                let text = answer.json().to_string();
-                let half = text.len() / 2;
-                yield Ok(Bytes::from(text.into_bytes().split_off(0).drain(..half).collect::<Vec<u8>>()));
+                yield Ok(first_half(answer.json().to_string()));
                 sleep(CUT_FLUSH).await;
                 guard.finish();
                 if let Some(a) = &abort {
@@ -862,6 +868,12 @@ fn json_body(
         }
     };
     Body::from_stream(stream)
+}
+
+/// The first half of a body's bytes (a byte cut may split a UTF-8 character: it is a torn body).
+fn first_half(text: String) -> Bytes {
+    let bytes = Bytes::from(text.into_bytes());
+    bytes.slice(..bytes.len() / 2)
 }
 
 /// Deterministic unit vector for `text`: splitmix64 from an FNV seed, centred, L2-normalised.
@@ -917,8 +929,7 @@ async fn finish_simple(ctx: Ctx, tokens: u64, body: Value) -> Response {
                 yield Ok::<Bytes, io::Error>(Bytes::from_static(b"\n"));
             },
             StreamPlan::Cut(_) => {
-                let text = body.to_string();
-                yield Ok(Bytes::from(text[..text.len() / 2].to_owned()));
+                yield Ok(first_half(body.to_string()));
                 sleep(CUT_FLUSH).await;
                 guard.finish();
                 if let Some(a) = &abort {

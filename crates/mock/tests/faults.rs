@@ -653,6 +653,15 @@ fn mock_args_override_file_values_and_reject_listen_for_many() {
     assert!(bad.configs().is_err());
     let default = MockArgs::default().configs().unwrap();
     assert_eq!(default[0].listen, Some("127.0.0.1:9001".parse().unwrap()));
+    let single = dir.join("single.yaml");
+    std::fs::write(&single, "name: solo\n").unwrap();
+    let one = MockArgs {
+        config: Some(single),
+        ..MockArgs::default()
+    }
+    .configs()
+    .unwrap();
+    assert_eq!(one[0].listen, Some("127.0.0.1:9001".parse().unwrap()));
 }
 
 #[test]
@@ -681,4 +690,23 @@ async fn wait_for_sees_calls_and_times_out_otherwise() {
         mock.wait_for(Duration::from_millis(50), |c| c.len() == 1)
             .await
     );
+}
+
+#[tokio::test]
+async fn cut_non_streaming_body_is_torn_json_then_transport_error() {
+    let mock = start(with_faults(FaultSet::fail_all(Fault::CutMidStream {
+        after_deltas: 0,
+    })))
+    .await;
+    let resp = post_chat(&mock).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.bytes().await.is_err(), "body must fail");
+    let emb = reqwest::Client::new()
+        .post(format!("{}/embeddings", mock.openai_base_url()))
+        .json(&json!({"model": "e", "input": "ünïcödé text"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(emb.bytes().await.is_err());
+    assert_eq!(mock.calls()[1].status, 200);
 }
