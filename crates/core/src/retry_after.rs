@@ -8,6 +8,7 @@
 //! | `retry-after-ms` (OpenAI, Azure)         | decimal milliseconds                   | `250`              |
 //! | `x-ratelimit-reset-{requests,tokens,input-tokens,output-tokens}` (OpenAI, Groq, compatibles) | Go-style duration | `1m30s`, `6m0s`, `20ms`, `1.5s` |
 //! | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset` | RFC 3339 timestamp | `2026-11-30T09:00:00Z` |
+//! | any other `x-ratelimit-reset[-*]`, `ratelimit-reset` (IETF draft) | seconds, Go duration, epoch s/ms, RFC 3339 | `33011.38`, `1741305600000` |
 //! | Gemini/Vertex body `error.details[@type=…RetryInfo].retryDelay` | protobuf JSON duration | `30s`, `1.5s` |
 //! | error message text                       | "try again in 20s", "retry in 1m30s", "in 500ms" | |
 //!
@@ -43,8 +44,24 @@ use serde_json::Value;
 /// the exhaustion threshold in [`crate::classify`], so the class does not change.
 pub const MAX_RETRY_HINT: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// The rate-limit dimensions whose reset headers we read.
-const DIMENSIONS: [&str; 4] = ["requests", "tokens", "input-tokens", "output-tokens"];
+/// For a reset header, the name of its matching `remaining` header; `None` for other headers.
+///
+/// * `x-ratelimit-reset[-<dim>]` ↔ `x-ratelimit-remaining[-<dim>]` (OpenAI, Groq, Cerebras's
+///   `-requests-day`/`-tokens-minute`, OpenRouter's unsuffixed one);
+/// * `anthropic-ratelimit-<dim>-reset` ↔ `anthropic-ratelimit-<dim>-remaining`;
+/// * `ratelimit-reset` ↔ `ratelimit-remaining` (IETF draft RateLimit header fields).
+fn remaining_header_for(name: &str) -> Option<String> {
+    if let Some(dim) = name.strip_prefix("x-ratelimit-reset") {
+        return (dim.is_empty() || dim.starts_with('-'))
+            .then(|| format!("x-ratelimit-remaining{dim}"));
+    }
+    if name.starts_with("anthropic-ratelimit-") {
+        return name
+            .strip_suffix("-reset")
+            .map(|stem| format!("{stem}-remaining"));
+    }
+    (name == "ratelimit-reset").then(|| "ratelimit-remaining".to_owned())
+}
 
 /// Reads every retry hint in `headers` and returns the longest credible one, capped at
 /// [`MAX_RETRY_HINT`].
@@ -72,14 +89,17 @@ pub fn retry_after(headers: &HeaderMap, now_wall: DateTime<Utc>) -> Option<Durat
     for value in headers.get_all("retry-after-ms") {
         offer(value.to_str().ok().and_then(parse_retry_after_ms));
     }
-    for dim in DIMENSIONS {
-        if dimension_exhausted(headers, &format!("x-ratelimit-remaining-{dim}")) {
-            let reset = header_str(headers, &format!("x-ratelimit-reset-{dim}"));
-            offer(reset.and_then(|v| parse_reset_value(v, now_wall)));
-        }
-        if dimension_exhausted(headers, &format!("anthropic-ratelimit-{dim}-remaining")) {
-            let reset = header_str(headers, &format!("anthropic-ratelimit-{dim}-reset"));
-            offer(reset.and_then(|v| parse_reset_value(v, now_wall)));
+    for (name, value) in headers {
+        let Some(remaining) = remaining_header_for(name.as_str()) else {
+            continue;
+        };
+        if dimension_exhausted(headers, &remaining) {
+            offer(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| parse_reset_value(v, now_wall)),
+            );
         }
     }
     best.map(cap)
@@ -157,15 +177,21 @@ pub fn parse_reset_timestamp(value: &str, now_wall: DateTime<Utc>) -> Option<Dur
 }
 
 /// Parses any reset-header value we have seen in the wild, in this order: Go duration
-/// (`6m0s`), bare number (seconds to wait, or a Unix epoch in seconds when ≥ 10⁹), RFC 3339,
-/// HTTP-date. `None` when none fits.
+/// (`6m0s`), bare number (seconds to wait; a Unix epoch in seconds when ≥ 10⁹, in
+/// milliseconds when ≥ 10¹²), RFC 3339, HTTP-date. `None` when none fits.
 pub fn parse_reset_value(value: &str, now_wall: DateTime<Utc>) -> Option<Duration> {
     let v = value.trim();
     if let Some(d) = parse_go_duration(v) {
         return Some(d);
     }
     if let Some(d) = parse_decimal(v, NANOS_PER_SEC) {
-        // Some compatibles send an epoch timestamp here; 10^9 s is 31 years, never a delay.
+        // Some compatibles send an epoch here: 10^12 and up is milliseconds (OpenRouter),
+        // 10^9 and up is seconds. Neither is ever a delay (10^9 s is 31 years).
+        if d >= Duration::from_secs(1_000_000_000_000) {
+            let ms = i64::try_from(d.as_secs()).ok()?;
+            let at = DateTime::<Utc>::from_timestamp_millis(ms)?;
+            return Some(until(at, now_wall));
+        }
         if d >= Duration::from_secs(1_000_000_000) {
             let at = DateTime::<Utc>::from_timestamp(i64::try_from(d.as_secs()).ok()?, 0)?;
             return Some(until(at, now_wall));

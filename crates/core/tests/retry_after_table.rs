@@ -143,6 +143,11 @@ fn reset_value_table_accepts_every_vendor_form() {
         ("Mon, 30 Nov 2026 09:00:30 GMT", Some(secs(30))),
         // Unix epoch seconds: 2026-11-30T09:00:10Z.
         (&*format!("{}", now().timestamp() + 10), Some(secs(10))),
+        // Unix epoch milliseconds: 2026-11-30T09:00:00.500Z.
+        (
+            &*format!("{}", now().timestamp_millis() + 500),
+            Some(Duration::from_millis(500)),
+        ),
         ("later", None),
     ];
     for (input, want) in rows {
@@ -271,6 +276,34 @@ fn retry_after_headers_table_takes_longest_credible_hint() {
             name: "absurd value capped",
             headers: vec![("retry-after", "999999999999")],
             want: Some(MAX_RETRY_HINT),
+        },
+        Row {
+            name: "cerebras day dimension exhausted",
+            headers: vec![
+                ("x-ratelimit-remaining-requests-day", "0"),
+                ("x-ratelimit-reset-requests-day", "33011.38"),
+                ("x-ratelimit-remaining-tokens-minute", "50000"),
+                ("x-ratelimit-reset-tokens-minute", "11.38"),
+            ],
+            want: Some(Duration::from_millis(33_011_380)),
+        },
+        Row {
+            name: "openrouter unsuffixed reset in epoch milliseconds",
+            headers: vec![
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1796029230000"),
+            ],
+            want: Some(secs(30)),
+        },
+        Row {
+            name: "ietf draft ratelimit-reset",
+            headers: vec![("ratelimit-remaining", "0"), ("ratelimit-reset", "50")],
+            want: Some(secs(50)),
+        },
+        Row {
+            name: "unrelated x-ratelimit-resetter header ignored",
+            headers: vec![("x-ratelimit-resetter", "50")],
+            want: None,
         },
         Row {
             name: "garbage ignored",
