@@ -1,4 +1,19 @@
 //! switchyard-router: the data plane.
+//!
+//! A config source builds a [`config::RoutingTable`]; the [`state::Runtime`] pairs it with the
+//! live state (breakers, availability, pins) that outlives reloads; the [`server`] serves the
+//! client API and hands each request to [`dispatch`], which walks the project's sticky chain
+//! (or a p2c pick) with the decisions of `switchyard-core`. [`standalone`] is the embedded
+//! default: manifests from a folder, the control loop in-process.
 
+pub mod clock;
+pub mod config;
+pub mod control;
+pub mod dispatch;
+pub mod metrics;
+pub mod server;
+pub mod standalone;
+pub mod state;
+pub mod status;
 pub mod upstream;
 pub mod wire;

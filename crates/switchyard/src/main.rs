@@ -1,6 +1,8 @@
 //! The `switchyard` binary: one executable, a subcommand per process or tool.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -17,6 +19,40 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the router and its control loop in one process, configured from a manifest folder
+    /// (the embedded default: no cluster needed).
+    Standalone {
+        /// Folder of multi-document YAML manifests (LLMProvider, RoutingPolicy, TenantQuota).
+        #[arg(long, default_value = "config/demo")]
+        manifests: PathBuf,
+        /// Address to serve the client API on; port 0 picks a free one.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Folder of `<secret-name>/<key>` files for `secretRef`s (environment variables
+        /// `SWITCHYARD_SECRET_<NAME>_<KEY>` are tried first).
+        #[arg(long)]
+        secrets_dir: Option<PathBuf>,
+        /// Also start the mock providers described in this file (see `mock-provider`).
+        #[arg(long)]
+        mocks: Option<PathBuf>,
+        /// Largest request body in bytes.
+        #[arg(long, default_value_t = switchyard_router::server::DEFAULT_MAX_BODY_BYTES)]
+        max_body_bytes: usize,
+        /// Do not watch the manifest folder for changes.
+        #[arg(long)]
+        no_watch: bool,
+    },
+    /// Print the computed status of a running router as tables.
+    Status {
+        /// Base URL of the router.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Print the raw JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run mock LLM providers (OpenAI and Anthropic wire formats, fault injection).
+    MockProvider(switchyard_mock::MockArgs),
     /// Write the CustomResourceDefinitions generated from the Rust types.
     Crdgen {
         /// Folder to write `*.yaml` into.
@@ -31,15 +67,29 @@ enum Command {
     },
 }
 
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match run(cli) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -47,7 +97,72 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Crdgen { out_dir } => crdgen::write(&out_dir)
             .with_context(|| format!("failed to write CRDs to {}", out_dir.display())),
         Command::Validate { manifests } => validate(&manifests),
+        Command::MockProvider(args) => runtime()?.block_on(switchyard_mock::run(args)),
+        Command::Status { url, json } => runtime()?.block_on(status(&url, json)),
+        Command::Standalone {
+            manifests,
+            listen,
+            secrets_dir,
+            mocks,
+            max_body_bytes,
+            no_watch,
+        } => runtime()?.block_on(async move {
+            let mut handles = Vec::new();
+            if let Some(file) = mocks {
+                let args = switchyard_mock::MockArgs {
+                    config: Some(file),
+                    ..Default::default()
+                };
+                for cfg in args.configs()? {
+                    let name = cfg.name.clone();
+                    let handle = switchyard_mock::MockProvider::start(cfg)
+                        .await
+                        .with_context(|| format!("failed to start mock provider {name}"))?;
+                    eprintln!("mock provider {name} on {}", handle.base_url());
+                    handles.push(handle);
+                }
+            }
+            let options = switchyard_router::standalone::Options {
+                manifests,
+                listen,
+                secrets: switchyard_router::config::SecretSource { dir: secrets_dir },
+                max_body_bytes,
+                watch: !no_watch,
+            };
+            let shutdown = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            let served = switchyard_router::standalone::run(options, shutdown).await;
+            for h in handles {
+                h.shutdown().await;
+            }
+            served.map_err(|e| anyhow::anyhow!("{e}"))
+        }),
     }
+}
+
+async fn status(url: &str, json: bool) -> anyhow::Result<()> {
+    let endpoint = format!("{}/status", url.trim_end_matches('/'));
+    let response = reqwest::get(&endpoint)
+        .await
+        .with_context(|| format!("failed to reach {endpoint}"))?;
+    let response = response
+        .error_for_status()
+        .with_context(|| format!("{endpoint} answered with an error"))?;
+    let doc: switchyard_router::status::StatusDocument = response
+        .json()
+        .await
+        .context("the status document did not parse")?;
+    let text = if json {
+        serde_json::to_string_pretty(&doc)?
+    } else {
+        switchyard_router::status::render_table(&doc)
+    };
+    #[allow(clippy::print_stdout)] // the command's output
+    {
+        println!("{text}");
+    }
+    Ok(())
 }
 
 fn validate(dir: &std::path::Path) -> anyhow::Result<()> {

@@ -1,0 +1,597 @@
+//! The routing snapshot: validated manifests and resolved secrets turned into the immutable
+//! [`RoutingTable`] that request handlers read (STYLE pattern 7). A config source (the
+//! standalone folder watcher, or reflectors in Kubernetes mode) builds a new table and swaps it
+//! in; handlers never lock shared configuration.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use sha2::{Digest, Sha256};
+use switchyard_api::duration;
+use switchyard_api::loader::Manifests;
+use switchyard_api::policy::{FallbackErrorClass, ServiceType, Strategy};
+use switchyard_api::provider::{Modality, ProviderApi};
+use switchyard_api::{LLMProvider, RoutingPolicy, SecretKeyRef, TenantQuota};
+use switchyard_core::availability::ControllerConfig;
+use switchyard_core::breaker::BreakerConfig;
+use switchyard_core::classify::ErrorClass;
+
+use crate::upstream::{ProviderEndpoint, ProviderKind, UpstreamClient};
+use crate::wire::usage::Pricing;
+
+/// Where `secretRef`s are resolved in standalone mode.
+#[derive(Debug, Clone, Default)]
+pub struct SecretSource {
+    /// Folder holding `<secret-name>/<key>` files; environment variables are tried first.
+    pub dir: Option<PathBuf>,
+}
+
+impl SecretSource {
+    /// Environment variable consulted for a reference: `SWITCHYARD_SECRET_<NAME>_<KEY>`,
+    /// upper-cased, with `-` and `.` turned into `_`.
+    pub fn env_name(r: &SecretKeyRef) -> String {
+        let clean = |s: &str| s.to_ascii_uppercase().replace(['-', '.'], "_");
+        format!("SWITCHYARD_SECRET_{}_{}", clean(&r.name), clean(&r.key))
+    }
+
+    /// The secret's value, trimmed of surrounding whitespace, or a message saying where it
+    /// was looked for.
+    pub fn resolve(&self, r: &SecretKeyRef) -> Result<String, String> {
+        let env = Self::env_name(r);
+        if let Ok(value) = std::env::var(&env) {
+            return Ok(value.trim().to_owned());
+        }
+        if let Some(dir) = &self.dir {
+            let path = dir.join(&r.name).join(&r.key);
+            if let Ok(value) = std::fs::read_to_string(&path) {
+                return Ok(value.trim().to_owned());
+            }
+            return Err(format!(
+                "secret {}/{} not found in ${env} nor in {}",
+                r.name,
+                r.key,
+                path.display()
+            ));
+        }
+        Err(format!("secret {}/{} not found in ${env}", r.name, r.key))
+    }
+}
+
+/// A model as served by one provider.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    /// Name sent upstream.
+    pub upstream: String,
+    /// Modalities handled.
+    pub modalities: Vec<Modality>,
+    /// List prices, when declared.
+    pub pricing: Option<Pricing>,
+}
+
+/// One provider, ready to call.
+#[derive(Debug)]
+pub struct ProviderConfig {
+    /// `namespace/name`, the key of runtime state that outlives reloads.
+    pub key: String,
+    /// Object name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Declared wire protocol.
+    pub api: ProviderApi,
+    /// The adapter, when this build can speak the protocol and the credentials resolved;
+    /// otherwise why not (the provider is then never a candidate and its status says so).
+    pub client: Result<UpstreamClient, String>,
+    /// Execution region.
+    pub region: Option<String>,
+    /// Every region a request may execute in (the region itself when none are listed).
+    pub execution_regions: Vec<String>,
+    /// Public model name → how it is served.
+    pub models: HashMap<String, ModelConfig>,
+    /// Pause scopes: the provider key, then `group:<namespace>/<quotaGroup>` per quota group.
+    pub pause_scopes: Vec<String>,
+    /// Circuit-breaker settings.
+    pub breaker: BreakerConfig,
+    /// Metadata generation the config was built from.
+    pub generation: Option<i64>,
+}
+
+impl ProviderConfig {
+    /// The wire dialect of the adapter.
+    pub fn kind(&self) -> Option<ProviderKind> {
+        self.client.as_ref().ok().map(|c| c.endpoint().kind)
+    }
+
+    /// Whether every region the provider may execute in is within `allowed` (empty = any).
+    pub fn within_regions(&self, allowed: &[String]) -> bool {
+        allowed.is_empty()
+            || (!self.execution_regions.is_empty()
+                && self.execution_regions.iter().all(|r| allowed.contains(r)))
+    }
+}
+
+/// One provider of a route, in priority order.
+#[derive(Debug, Clone)]
+pub struct RouteProvider {
+    /// Index into [`RoutingTable::providers`].
+    pub index: usize,
+    /// Model name sent upstream.
+    pub upstream_model: String,
+    /// Whether the provider may serve this route at all, and why not.
+    pub ineligible: Option<String>,
+}
+
+/// One RoutingPolicy, resolved.
+#[derive(Debug)]
+pub struct Route {
+    /// `namespace/name`.
+    pub key: String,
+    /// Object name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Public model name.
+    pub model: String,
+    /// Kind of traffic.
+    pub service_type: ServiceType,
+    /// Balancing strategy.
+    pub strategy: Strategy,
+    /// Providers in priority order.
+    pub providers: Vec<RouteProvider>,
+    /// Provider names in priority order, as hashed by the rendezvous chain.
+    pub provider_names: Vec<String>,
+    /// Header carrying the project key.
+    pub affinity_header: String,
+    /// How long a chain stays pinned.
+    pub pin: Duration,
+    /// Controller interval.
+    pub interval: Duration,
+    /// Controller settings.
+    pub controller: ControllerConfig,
+    /// Error classes that move a request down its chain.
+    pub fallback_on: Vec<ErrorClass>,
+    /// Attempts per request, the first included.
+    pub max_attempts: u32,
+    /// Same-provider retries after a Retry-After.
+    pub same_provider_retries: u32,
+    /// Spill-over throttle: (rate per second, burst).
+    pub throttle: Option<(f64, u32)>,
+    /// Time from sending to the first content.
+    pub first_token_timeout: Duration,
+    /// Deadline of one client request.
+    pub deadline: Duration,
+    /// Output tokens assumed when the request sets none.
+    pub default_max_tokens: u32,
+    /// Regions requests may execute in (empty = any).
+    pub allowed_regions: Vec<String>,
+    /// Metadata generation the config was built from.
+    pub generation: Option<i64>,
+}
+
+/// One tenant.
+#[derive(Debug)]
+pub struct Tenant {
+    /// `namespace/name`.
+    pub key: String,
+    /// Object name.
+    pub name: String,
+    /// Route names this tenant may use (empty = all), including its ancestors' restrictions.
+    pub allowed_routes: Vec<Vec<String>>,
+    /// Region allow-lists of the tenant and its ancestors (each non-empty one applies).
+    pub allowed_regions: Vec<Vec<String>>,
+    /// Metadata generation the config was built from.
+    pub generation: Option<i64>,
+    /// Keys that did not resolve, with the reason (reported in status).
+    pub key_problems: Vec<String>,
+}
+
+impl Tenant {
+    /// Whether the tenant (and every ancestor) may use `route`.
+    pub fn may_use(&self, route: &str) -> bool {
+        self.allowed_routes
+            .iter()
+            .all(|list| list.is_empty() || list.iter().any(|r| r == route))
+    }
+}
+
+/// The immutable routing snapshot.
+#[derive(Debug, Default)]
+pub struct RoutingTable {
+    /// Providers.
+    pub providers: Vec<Arc<ProviderConfig>>,
+    /// Routes.
+    pub routes: Vec<Arc<Route>>,
+    /// Model name or alias → route index.
+    pub by_model: HashMap<String, usize>,
+    /// Tenants.
+    pub tenants: Vec<Arc<Tenant>>,
+    /// SHA-256 of an API key → tenant index. Keys themselves are not kept.
+    pub by_key_hash: HashMap<[u8; 32], usize>,
+    /// Whether requests must authenticate (true as soon as any TenantQuota exists).
+    pub auth_required: bool,
+    /// Problems found while building (shown by the standalone command and in status).
+    pub warnings: Vec<String>,
+}
+
+/// SHA-256 of an API key, the only form in which keys are held.
+pub fn key_hash(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+fn class_of(c: FallbackErrorClass) -> Vec<ErrorClass> {
+    match c {
+        FallbackErrorClass::Capacity => vec![ErrorClass::Capacity],
+        FallbackErrorClass::Overload => vec![ErrorClass::Overload],
+        FallbackErrorClass::Timeout => vec![ErrorClass::Timeout, ErrorClass::Connect],
+        FallbackErrorClass::Server => vec![ErrorClass::Server],
+        FallbackErrorClass::Auth => vec![ErrorClass::Auth],
+        FallbackErrorClass::Policy => vec![ErrorClass::Policy],
+    }
+}
+
+fn decimal(text: Option<&str>, default: f64) -> f64 {
+    text.and_then(|t| t.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
+        .unwrap_or(default)
+}
+
+/// A decimal USD amount (`"3"`, `"0.30"`, `"3.75"`) in micro-USD, exactly (no floats):
+/// digits past the sixth decimal are dropped. `None` when the text is not a decimal.
+pub fn usd_to_micro(text: &str) -> Option<u64> {
+    let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
+    if whole.is_empty()
+        || !whole.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let mut micro = whole.parse::<u64>().ok()?.checked_mul(1_000_000)?;
+    for (i, digit) in frac.bytes().take(6).enumerate() {
+        let place = 10u64.pow(5 - u32::try_from(i).ok()?);
+        micro = micro.checked_add(u64::from(digit - b'0') * place)?;
+    }
+    Some(micro)
+}
+
+fn pricing(p: &switchyard_api::provider::Pricing) -> Pricing {
+    let input = usd_to_micro(&p.input_per_million).unwrap_or(0);
+    Pricing {
+        input,
+        output: usd_to_micro(&p.output_per_million).unwrap_or(0),
+        cache_read: p
+            .cached_input_per_million
+            .as_deref()
+            .and_then(usd_to_micro)
+            .unwrap_or(input),
+        cache_write: p
+            .cache_write_per_million
+            .as_deref()
+            .and_then(usd_to_micro)
+            .unwrap_or(input),
+    }
+}
+
+impl RoutingTable {
+    /// Builds the snapshot from validated manifests, resolving secrets through `secrets`.
+    ///
+    /// Never fails: a provider whose credentials do not resolve, or whose API this build does
+    /// not speak, stays in the table as ineligible with the reason (shown in status).
+    pub fn build(m: &Manifests, secrets: &SecretSource) -> RoutingTable {
+        let mut table = RoutingTable::default();
+        let mut provider_index: HashMap<String, usize> = HashMap::new();
+        for p in &m.providers {
+            let config = build_provider(p, secrets);
+            provider_index.insert(config.key.clone(), table.providers.len());
+            table.providers.push(Arc::new(config));
+        }
+        for policy in &m.policies {
+            let route = build_route(policy, &table.providers, &provider_index);
+            let index = table.routes.len();
+            for name in std::iter::once(&policy.spec.model).chain(&policy.spec.aliases) {
+                if let Some(previous) = table.by_model.insert(name.clone(), index) {
+                    table.warnings.push(format!(
+                        "model {name:?} is claimed by RoutingPolicy {} and {}; the latter wins",
+                        table.routes[previous].key, route.key
+                    ));
+                }
+            }
+            table.routes.push(Arc::new(route));
+        }
+        let by_name: BTreeMap<(String, String), &TenantQuota> = m
+            .tenants
+            .iter()
+            .map(|t| ((t.namespace().unwrap_or_default(), t.name_any()), t))
+            .collect();
+        for t in &m.tenants {
+            let (tenant, keys) = build_tenant(t, &by_name, secrets);
+            for problem in &tenant.key_problems {
+                table
+                    .warnings
+                    .push(format!("TenantQuota {}: {problem}", tenant.key));
+            }
+            let index = table.tenants.len();
+            for key in keys {
+                table.by_key_hash.insert(key_hash(&key), index);
+            }
+            table.tenants.push(Arc::new(tenant));
+        }
+        table.auth_required = !m.tenants.is_empty();
+        for p in &table.providers {
+            if let Err(reason) = &p.client {
+                table
+                    .warnings
+                    .push(format!("LLMProvider {} is not usable: {reason}", p.key));
+            }
+        }
+        table
+    }
+
+    /// The route serving `model` (by name or alias).
+    pub fn route(&self, model: &str) -> Option<&Arc<Route>> {
+        self.by_model.get(model).and_then(|&i| self.routes.get(i))
+    }
+
+    /// The tenant owning `api_key`.
+    pub fn tenant_for_key(&self, api_key: &str) -> Option<&Arc<Tenant>> {
+        self.by_key_hash
+            .get(&key_hash(api_key))
+            .and_then(|&i| self.tenants.get(i))
+    }
+}
+
+fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
+    let namespace = p.namespace().unwrap_or_else(|| "default".to_owned());
+    let name = p.name_any();
+    let spec = &p.spec;
+    let timeouts = spec.timeouts.clone().unwrap_or_default();
+    let kind = match spec.api {
+        ProviderApi::Openai => Ok(ProviderKind::OpenAi),
+        ProviderApi::Anthropic => Ok(ProviderKind::Anthropic),
+        ProviderApi::Vertex | ProviderApi::Bedrock => Err(format!(
+            "api {:?} is declared but this router build has no adapter for it yet",
+            spec.api
+        )),
+    };
+    let api_key = match &spec.credentials {
+        Some(c) => secrets.resolve(&c.secret_ref),
+        None => Ok(String::new()),
+    };
+    let client = kind.and_then(|kind| {
+        let mut endpoint = ProviderEndpoint::new(kind, spec.endpoint.clone(), api_key?);
+        endpoint.connect_timeout =
+            duration::or(timeouts.connect.as_deref(), Duration::from_secs(5));
+        endpoint.total_timeout = duration::or(timeouts.total.as_deref(), Duration::from_secs(600));
+        UpstreamClient::new(endpoint).map_err(|e| e.to_string())
+    });
+    let breaker = spec.circuit_breaker.clone().unwrap_or_default();
+    let mut breaker_cfg = BreakerConfig::default();
+    if let Some(n) = breaker.consecutive_failures {
+        breaker_cfg.consecutive_failures = n;
+    }
+    if let Some(d) = breaker.cooldown.as_deref().and_then(duration::parse) {
+        breaker_cfg.cooldown = d;
+    }
+    if let Some(d) = breaker.max_cooldown.as_deref().and_then(duration::parse) {
+        breaker_cfg.max_cooldown = d;
+    }
+    if let Some(n) = breaker.half_open_trials {
+        breaker_cfg.half_open_trials = n;
+    }
+    let key = format!("{namespace}/{name}");
+    let mut pause_scopes = vec![key.clone()];
+    for group in spec.limits.iter().filter_map(|l| l.quota_group.as_ref()) {
+        let scope = format!("group:{namespace}/{group}");
+        if !pause_scopes.contains(&scope) {
+            pause_scopes.push(scope);
+        }
+    }
+    let execution_regions = if spec.execution_regions.is_empty() {
+        spec.region.iter().cloned().collect()
+    } else {
+        spec.execution_regions.clone()
+    };
+    ProviderConfig {
+        models: spec
+            .models
+            .iter()
+            .map(|m| {
+                (
+                    m.name.clone(),
+                    ModelConfig {
+                        upstream: m.upstream_name.clone().unwrap_or_else(|| m.name.clone()),
+                        modalities: if m.modalities.is_empty() {
+                            vec![Modality::Text]
+                        } else {
+                            m.modalities.clone()
+                        },
+                        pricing: m.pricing.as_ref().map(pricing),
+                    },
+                )
+            })
+            .collect(),
+        key,
+        name,
+        namespace,
+        api: spec.api,
+        client,
+        region: spec.region.clone(),
+        execution_regions,
+        pause_scopes,
+        breaker: breaker_cfg,
+        generation: p.metadata.generation,
+    }
+}
+
+fn build_route(
+    policy: &RoutingPolicy,
+    providers: &[Arc<ProviderConfig>],
+    index: &HashMap<String, usize>,
+) -> Route {
+    let namespace = policy.namespace().unwrap_or_else(|| "default".to_owned());
+    let name = policy.name_any();
+    let spec = &policy.spec;
+    let fallback = spec.fallback.clone().unwrap_or_default();
+    let affinity = spec.affinity.clone().unwrap_or_default();
+    let availability = spec.availability.clone().unwrap_or_default();
+    let mut controller = ControllerConfig::default();
+    controller.target_error_rate = decimal(
+        availability.target_error_rate.as_deref(),
+        controller.target_error_rate,
+    )
+    .clamp(1e-6, 1.0);
+    controller.kp = decimal(availability.kp.as_deref(), controller.kp);
+    controller.ki = decimal(availability.ki.as_deref(), controller.ki);
+    controller.kd = decimal(availability.kd.as_deref(), controller.kd);
+    let mut route_providers = Vec::new();
+    let mut provider_names = Vec::new();
+    for entry in &spec.providers {
+        let key = format!("{namespace}/{}", entry.name);
+        let model = entry.model.clone().unwrap_or_else(|| spec.model.clone());
+        // The loader guarantees the reference resolves; a miss here means a hand-built table.
+        let Some(&i) = index.get(&key) else { continue };
+        let provider = &providers[i];
+        let served = provider.models.get(&model);
+        let ineligible = if let Err(reason) = &provider.client {
+            Some(reason.clone())
+        } else if served.is_none() {
+            Some(format!("does not serve model {model:?}"))
+        } else if !provider.within_regions(&spec.allowed_regions) {
+            Some(format!(
+                "execution regions {:?} are not all within the allowed regions {:?}",
+                provider.execution_regions, spec.allowed_regions
+            ))
+        } else {
+            None
+        };
+        route_providers.push(RouteProvider {
+            index: i,
+            upstream_model: served.map_or(model, |m| m.upstream.clone()),
+            ineligible,
+        });
+        provider_names.push(entry.name.clone());
+    }
+    let strategy = spec.strategy.unwrap_or(match spec.service_type {
+        ServiceType::Chat => Strategy::StickyChain,
+        ServiceType::Embedding | ServiceType::Rerank => Strategy::PowerOfTwoChoices,
+    });
+    let fallback_on = if fallback.on.is_empty() {
+        ErrorClass::ALL
+            .into_iter()
+            .filter(|c| c.retry_elsewhere())
+            .collect()
+    } else {
+        fallback.on.iter().flat_map(|c| class_of(*c)).collect()
+    };
+    Route {
+        key: format!("{namespace}/{name}"),
+        name,
+        namespace,
+        model: spec.model.clone(),
+        service_type: spec.service_type,
+        strategy,
+        providers: route_providers,
+        provider_names,
+        affinity_header: affinity
+            .header
+            .unwrap_or_else(|| "x-project-id".to_owned())
+            .to_ascii_lowercase(),
+        pin: duration::or(affinity.pin_duration.as_deref(), Duration::from_secs(300)),
+        interval: duration::or(availability.interval.as_deref(), Duration::from_secs(30)),
+        controller,
+        fallback_on,
+        max_attempts: fallback.max_attempts.unwrap_or(3).max(1),
+        same_provider_retries: fallback.same_provider_retries.unwrap_or(0),
+        throttle: fallback.throttle_per_second.map(|rate| {
+            (
+                f64::from(rate),
+                fallback.throttle_burst.unwrap_or(rate).max(1),
+            )
+        }),
+        first_token_timeout: duration::or(
+            fallback.first_token_timeout.as_deref(),
+            Duration::from_secs(30),
+        ),
+        deadline: duration::or(spec.deadline.as_deref(), Duration::from_secs(60)),
+        default_max_tokens: spec.default_max_tokens.unwrap_or(4096),
+        allowed_regions: spec.allowed_regions.clone(),
+        generation: policy.metadata.generation,
+    }
+}
+
+fn build_tenant(
+    t: &TenantQuota,
+    by_name: &BTreeMap<(String, String), &TenantQuota>,
+    secrets: &SecretSource,
+) -> (Tenant, Vec<String>) {
+    let namespace = t.namespace().unwrap_or_else(|| "default".to_owned());
+    let name = t.name_any();
+    let mut allowed_routes = Vec::new();
+    let mut allowed_regions = Vec::new();
+    let mut current = Some(t);
+    let mut hops = 0;
+    while let Some(node) = current {
+        allowed_routes.push(node.spec.allowed_routes.clone());
+        allowed_regions.push(node.spec.allowed_regions.clone());
+        hops += 1;
+        // The loader refuses cycles; the bound guards hand-built input.
+        if hops > by_name.len() {
+            break;
+        }
+        current = node
+            .spec
+            .parent
+            .as_ref()
+            .and_then(|p| by_name.get(&(namespace.clone(), p.clone())).copied());
+    }
+    let mut keys = Vec::new();
+    let mut key_problems = Vec::new();
+    for k in &t.spec.api_keys {
+        match secrets.resolve(&k.secret_ref) {
+            Ok(v) if !v.is_empty() => keys.push(v),
+            Ok(_) => key_problems.push(format!("API key {:?} is empty", k.name)),
+            Err(e) => key_problems.push(format!("API key {:?}: {e}", k.name)),
+        }
+    }
+    let tenant = Tenant {
+        key: format!("{namespace}/{name}"),
+        name,
+        allowed_routes,
+        allowed_regions: allowed_regions
+            .into_iter()
+            .filter(|r| !r.is_empty())
+            .collect(),
+        generation: t.metadata.generation,
+        key_problems,
+    };
+    (tenant, keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usd_to_micro_decimals_exact() {
+        assert_eq!(usd_to_micro("3"), Some(3_000_000));
+        assert_eq!(usd_to_micro("0.30"), Some(300_000));
+        assert_eq!(usd_to_micro("3.75"), Some(3_750_000));
+        assert_eq!(usd_to_micro("0.0000015"), Some(1));
+        assert_eq!(usd_to_micro("x"), None);
+        assert_eq!(usd_to_micro(".5"), None);
+    }
+
+    #[test]
+    fn secret_env_name_upper_snake() {
+        let r = SecretKeyRef {
+            name: "acme-keys".into(),
+            key: "prod.key".into(),
+        };
+        assert_eq!(
+            SecretSource::env_name(&r),
+            "SWITCHYARD_SECRET_ACME_KEYS_PROD_KEY"
+        );
+    }
+}

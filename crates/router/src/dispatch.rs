@@ -1,0 +1,1249 @@
+//! Dispatch (DESIGN §3 steps 4, 5, 7, 8, 9): candidates → order → send → classify → next.
+//!
+//! The decisions come from `switchyard-core`: the chain from [`ChainPins`] (weighted
+//! rendezvous over the cascade weights), the p2c pick from [`P2c`], the class of a failure from
+//! the classifier, whether and where to retry from [`next_attempt`], pause lengths from
+//! [`PausePolicy`]. This module measures and executes.
+//!
+//! Streaming follows the "hold the preamble" rule: upstream events that carry no content
+//! (role-only deltas, `message_start`, pings, keep-alives) are translated and held until the
+//! first real content arrives. A provider that fails before that point — even after `200` and
+//! a role chunk — is failed over invisibly; the client sees one coherent stream from the
+//! provider that delivered content. After content has reached the client there is no retry:
+//! the client gets a well-formed error event and the stream ends.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use serde_json::Value;
+use switchyard_api::policy::Strategy;
+use switchyard_core::classify::{
+    Classification, ErrorClass, TransportFailure, classify_response, classify_stream_error_at,
+    classify_transport,
+};
+use switchyard_core::pause::{
+    AttemptContext, PausePolicy, RetryDecision, RetryPolicy, next_attempt,
+};
+use tracing::Instrument;
+
+use crate::config::{ProviderConfig, Route, Tenant};
+use crate::server::App;
+use crate::state::{Live, ProviderState, lock};
+use crate::upstream::{Operation, ProviderKind, TransportError, UpstreamResponse};
+use crate::wire::sse::{SseItem, SseParser, encode_item};
+use crate::wire::translate::{self, RequestOptions, StreamTranslator};
+use crate::wire::usage::NormalizedUsage;
+use crate::wire::{
+    Dialect, anthropic, classify as stream_classify, error_body, error_event, openai,
+};
+
+/// Largest upstream body read into memory for a non-streamed response or an error.
+const MAX_UPSTREAM_BODY: usize = 32 * 1024 * 1024;
+
+/// What the client asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientOp {
+    /// `POST /v1/chat/completions` (OpenAI dialect).
+    Chat,
+    /// `POST /v1/messages` (Anthropic dialect).
+    Messages,
+    /// `POST /v1/embeddings` (OpenAI dialect).
+    Embeddings,
+    /// `POST /v1/rerank` (OpenAI-compatible dialect).
+    Rerank,
+}
+
+impl ClientOp {
+    /// The dialect the client speaks.
+    pub fn dialect(self) -> Dialect {
+        match self {
+            ClientOp::Messages => Dialect::Anthropic,
+            _ => Dialect::OpenAi,
+        }
+    }
+}
+
+/// A parsed client request body.
+#[derive(Debug, Clone)]
+pub enum ClientBody {
+    /// OpenAI chat completion request.
+    Chat(Box<openai::ChatRequest>),
+    /// Anthropic messages request.
+    Messages(Box<anthropic::MessagesRequest>),
+    /// Embeddings or rerank request, forwarded with only `model` replaced.
+    Json(serde_json::Map<String, Value>),
+}
+
+/// One client request, identified and parsed.
+#[derive(Debug)]
+pub struct ClientRequest {
+    /// Operation.
+    pub op: ClientOp,
+    /// Body.
+    pub body: ClientBody,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// Whether an OpenAI streaming client asked for the usage chunk itself.
+    pub client_wants_usage: bool,
+    /// Project key for cache affinity.
+    pub project: String,
+    /// The authenticated tenant, when authentication is on.
+    pub tenant: Option<Arc<Tenant>>,
+    /// Request id echoed in `x-request-id`.
+    pub request_id: String,
+}
+
+/// An error shown to the client in its own dialect.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Machine-readable reason code (low cardinality; also the metric outcome label).
+    pub code: String,
+    /// Human-readable message.
+    pub message: String,
+    /// `Retry-After`, when waiting helps.
+    pub retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    /// An error with no Retry-After.
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code: code.to_owned(),
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// The HTTP response in `dialect`'s error shape.
+    pub fn into_response(self, dialect: Dialect) -> Response {
+        let body = error_body(
+            dialect,
+            self.status.as_u16(),
+            &self.message,
+            Some(&self.code),
+        );
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(wait) = self.retry_after {
+            // Whole seconds, rounded up: Retry-After is a lower bound.
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        response
+    }
+}
+
+/// Outcome of one attempt.
+enum Attempt {
+    /// Served; the response is ready for the client (non-streamed, or a committed stream).
+    Served(Response),
+    /// Failed before anything reached the client.
+    Failed(Failure),
+}
+
+/// A failed attempt: its classification and, for request errors, what to show the client.
+struct Failure {
+    classification: Classification,
+    status: Option<StatusCode>,
+}
+
+/// Bookkeeping of one upstream attempt; finishing it records the outcome exactly once, and
+/// dropping it unfinished (client went away) records a cancellation.
+struct AttemptGuard {
+    app: Arc<App>,
+    live: Arc<Live>,
+    provider: usize,
+    started: tokio::time::Instant,
+    done: bool,
+}
+
+impl AttemptGuard {
+    fn start(app: &Arc<App>, live: &Arc<Live>, provider: usize) -> Self {
+        let state = &live.providers[provider];
+        state.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        lock(&live.p2c).on_start(provider, app.clock.now());
+        app.metrics
+            .in_flight
+            .get_or_create(&label(&live.table.providers[provider]))
+            .inc();
+        AttemptGuard {
+            app: app.clone(),
+            live: live.clone(),
+            provider,
+            started: tokio::time::Instant::now(),
+            done: false,
+        }
+    }
+
+    fn state(&self) -> &ProviderState {
+        &self.live.providers[self.provider]
+    }
+
+    fn config(&self) -> &ProviderConfig {
+        &self.live.table.providers[self.provider]
+    }
+
+    fn leave(&mut self) {
+        self.state()
+            .counters
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed);
+        self.app
+            .metrics
+            .in_flight
+            .get_or_create(&label(self.config()))
+            .dec();
+        self.done = true;
+    }
+
+    fn succeed(mut self, usage: Option<&NormalizedUsage>) {
+        let now = self.app.clock.now();
+        let elapsed = self.started.elapsed();
+        self.state()
+            .counters
+            .successes
+            .fetch_add(1, Ordering::Relaxed);
+        lock(&self.state().breaker).on_success(now);
+        lock(&self.live.p2c).on_finish(self.provider, now, elapsed, true);
+        let provider = label(self.config());
+        self.app
+            .metrics
+            .latency
+            .get_or_create(&provider)
+            .observe(elapsed.as_secs_f64());
+        self.app
+            .metrics
+            .attempts
+            .get_or_create(&outcome(self.config(), "success"))
+            .inc();
+        if let Some(u) = usage {
+            for (kind, n) in [
+                ("input_uncached", u.input_uncached),
+                ("cache_read", u.cache_read),
+                ("cache_write", u.cache_write),
+                ("output", u.output),
+            ] {
+                self.app
+                    .metrics
+                    .tokens
+                    .get_or_create(&crate::metrics::TokenLabels {
+                        provider: provider.provider.clone(),
+                        kind: kind.to_owned(),
+                    })
+                    .inc_by(n);
+            }
+        }
+        self.leave();
+    }
+
+    fn fail(mut self, class: ErrorClass) {
+        let now = self.app.clock.now();
+        self.state().counters.error(class);
+        if class.is_provider_side() {
+            lock(&self.state().breaker).on_failure(now);
+        } else {
+            lock(&self.state().breaker).on_cancel(now);
+        }
+        lock(&self.live.p2c).on_finish(
+            self.provider,
+            now,
+            self.started.elapsed(),
+            !class.is_provider_side(),
+        );
+        self.app
+            .metrics
+            .attempts
+            .get_or_create(&outcome(self.config(), class.metric_label()))
+            .inc();
+        self.leave();
+    }
+}
+
+impl Drop for AttemptGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let now = self.app.clock.now();
+        self.state()
+            .counters
+            .cancelled
+            .fetch_add(1, Ordering::Relaxed);
+        lock(&self.state().breaker).on_cancel(now);
+        lock(&self.live.p2c).on_cancel(self.provider, now);
+        self.app
+            .metrics
+            .attempts
+            .get_or_create(&outcome(self.config(), "cancelled"))
+            .inc();
+        tracing::info!(provider = %self.config().key, reason = "client_disconnected", "attempt cancelled");
+        self.leave();
+    }
+}
+
+fn label(p: &ProviderConfig) -> crate::metrics::ProviderLabel {
+    crate::metrics::ProviderLabel {
+        provider: p.key.clone(),
+    }
+}
+
+fn outcome(p: &ProviderConfig, outcome: &str) -> crate::metrics::ProviderOutcome {
+    crate::metrics::ProviderOutcome {
+        provider: p.key.clone(),
+        outcome: outcome.to_owned(),
+    }
+}
+
+/// Which upstream operation serves `op` on a provider of `kind`, if any.
+fn operation(op: ClientOp, kind: ProviderKind) -> Option<Operation> {
+    match (op, kind) {
+        (ClientOp::Chat | ClientOp::Messages, ProviderKind::OpenAi) => {
+            Some(Operation::ChatCompletions)
+        }
+        (ClientOp::Chat | ClientOp::Messages, ProviderKind::Anthropic) => Some(Operation::Messages),
+        (ClientOp::Embeddings, ProviderKind::OpenAi) => Some(Operation::Embeddings),
+        (ClientOp::Rerank, ProviderKind::OpenAi) => Some(Operation::Rerank),
+        _ => None,
+    }
+}
+
+/// Serves one client request along its route.
+pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> Response {
+    let live = app.runtime.live();
+    let route = live.table.routes[route_index].clone();
+    let span = tracing::info_span!(
+        "request",
+        route = %route.key,
+        tenant = req.tenant.as_ref().map_or("anonymous", |t| t.name.as_str()),
+        request_id = %req.request_id,
+        stream = req.stream,
+        provider = tracing::field::Empty,
+        attempts = tracing::field::Empty,
+    );
+    let dialect = req.op.dialect();
+    let request_id = req.request_id.clone();
+    let result = run(&app, &live, route_index, &route, req)
+        .instrument(span.clone())
+        .await;
+    let (mut response, provider, attempts, outcome) = match result {
+        Ok((response, provider, attempts)) => {
+            (response, Some(provider), attempts, "success".to_owned())
+        }
+        Err((error, provider, attempts)) => {
+            let code = error.code.clone();
+            (error.into_response(dialect), provider, attempts, code)
+        }
+    };
+    span.record("attempts", attempts);
+    if let Some(p) = &provider {
+        span.record("provider", p.as_str());
+    }
+    span.in_scope(|| {
+        tracing::info!(status = response.status().as_u16(), outcome = %outcome, "request finished");
+    });
+    app.metrics
+        .requests
+        .get_or_create(&crate::metrics::RouteOutcome {
+            route: route.key.clone(),
+            outcome,
+        })
+        .inc();
+    let headers = response.headers_mut();
+    if let Some(p) = provider.and_then(|p| HeaderValue::from_str(&p).ok()) {
+        headers.insert("x-switchyard-provider", p);
+    }
+    headers.insert("x-switchyard-attempts", HeaderValue::from(attempts));
+    headers.insert(
+        "x-switchyard-route",
+        HeaderValue::from_str(&route.key).unwrap_or(HeaderValue::from_static("")),
+    );
+    if let Ok(id) = HeaderValue::from_str(&request_id) {
+        headers.insert("x-request-id", id);
+    }
+    response
+}
+
+type RunResult = Result<(Response, String, u32), (ApiError, Option<String>, u32)>;
+
+/// The attempt loop.
+async fn run(
+    app: &Arc<App>,
+    live: &Arc<Live>,
+    route_index: usize,
+    route: &Route,
+    req: ClientRequest,
+) -> RunResult {
+    let clock = app.clock;
+    let start = clock.now();
+    let deadline = start + route.deadline;
+    let route_state = live.routes[route_index].clone();
+    let tenant_regions: Vec<String> = req
+        .tenant
+        .as_ref()
+        .map(|t| {
+            // Only regions every tenant allow-list (own and ancestors') agrees on.
+            let mut lists = t.allowed_regions.iter();
+            let first = lists.next().cloned().unwrap_or_default();
+            lists.fold(first, |acc, l| {
+                acc.into_iter().filter(|r| l.contains(r)).collect()
+            })
+        })
+        .unwrap_or_default();
+    let tenant_restricts = req
+        .tenant
+        .as_ref()
+        .is_some_and(|t| !t.allowed_regions.is_empty());
+
+    // Candidates: providers that may serve this request at all (step 4, static part).
+    let mut region_excluded = false;
+    let candidates: Vec<usize> = route
+        .providers
+        .iter()
+        .enumerate()
+        .filter(|(_, rp)| {
+            let p = &live.table.providers[rp.index];
+            if rp.ineligible.is_some() {
+                region_excluded |= !p.within_regions(&route.allowed_regions);
+                return false;
+            }
+            if tenant_restricts && !p.within_regions(&tenant_regions) {
+                region_excluded = true;
+                return false;
+            }
+            p.kind().and_then(|k| operation(req.op, k)).is_some()
+        })
+        .map(|(pos, _)| pos)
+        .collect();
+    if candidates.is_empty() {
+        let (code, message) = if region_excluded {
+            (
+                "region_unavailable",
+                "no provider of this model may serve requests within the allowed regions"
+                    .to_owned(),
+            )
+        } else {
+            (
+                "no_provider",
+                format!("no provider of route {} can serve this request", route.key),
+            )
+        };
+        return Err((ApiError::new(StatusCode::FORBIDDEN, code, message), None, 0));
+    }
+
+    // Order (step 5).
+    let now = clock.now();
+    let order: Vec<usize> = match route.strategy {
+        Strategy::StickyChain => {
+            let weights = route_state.weights.load();
+            let names: Vec<&str> = route.provider_names.iter().map(String::as_str).collect();
+            let chain = lock(&route_state.pins).chain(&req.project, &names, &weights, now);
+            chain
+                .into_iter()
+                .filter(|pos| candidates.contains(pos))
+                .collect()
+        }
+        Strategy::PowerOfTwoChoices => {
+            let eligible: Vec<usize> = candidates
+                .iter()
+                .map(|&pos| route.providers[pos].index)
+                .filter(|&i| {
+                    !paused(app, live, i, now)
+                        && lock(&live.providers[i].breaker).state(now)
+                            == switchyard_core::breaker::BreakerState::Closed
+                })
+                .collect();
+            let picked = lock(&live.p2c).pick(&eligible, now, &mut rand::rng());
+            let mut order: Vec<usize> = Vec::with_capacity(candidates.len());
+            if let Some(i) = picked
+                && let Some(pos) = candidates
+                    .iter()
+                    .copied()
+                    .find(|&pos| route.providers[pos].index == i)
+            {
+                order.push(pos);
+            }
+            let rest: Vec<usize> = candidates
+                .iter()
+                .copied()
+                .filter(|pos| !order.contains(pos))
+                .collect();
+            order.extend(rest);
+            order
+        }
+    };
+    let first_choice = order.first().copied();
+
+    let retry_policy = RetryPolicy {
+        same_provider_retries: route.same_provider_retries,
+        ..RetryPolicy::default()
+    };
+    let pause_policy = PausePolicy::default();
+    let mut attempts: u32 = 0;
+    let mut last: Option<Failure> = None;
+    let mut last_provider: Option<String> = None;
+    let mut give_up_hint: Option<Duration> = None;
+    let mut skipped_wait: Option<Duration> = None;
+    let mut consecutive_failures: u32 = 0;
+    let mut stop_reason: Option<&'static str> = None;
+
+    'providers: for (n, &pos) in order.iter().enumerate() {
+        let rp = &route.providers[pos];
+        let provider = live.table.providers[rp.index].clone();
+        let state = live.providers[rp.index].clone();
+        let scopes: Vec<&str> = provider.pause_scopes.iter().map(String::as_str).collect();
+        let mut same_used: u32 = 0;
+        loop {
+            let now = clock.now();
+            if now >= deadline {
+                stop_reason = Some("deadline");
+                break 'providers;
+            }
+            if let Some(until) = lock(&app.runtime.pauses).paused_until(&scopes, now) {
+                let wait = until.saturating_since(now);
+                skipped_wait = Some(skipped_wait.map_or(wait, |w| w.min(wait)));
+                continue 'providers;
+            }
+            if attempts >= route.max_attempts {
+                stop_reason = Some("max_attempts");
+                break 'providers;
+            }
+            if !lock(&state.breaker).try_acquire(now) {
+                continue 'providers;
+            }
+            if attempts == 0 {
+                lock(&app.runtime.budget).record_attempt(now);
+            } else {
+                if !lock(&app.runtime.budget).try_withdraw(now) {
+                    lock(&state.breaker).on_cancel(now);
+                    stop_reason = Some("retry_budget_exhausted");
+                    break 'providers;
+                }
+                let spill = Some(pos) != first_choice && same_used == 0;
+                if spill
+                    && let Some(throttle) = &route_state.throttle
+                    && !lock(throttle).try_acquire(now)
+                {
+                    lock(&state.breaker).on_cancel(now);
+                    stop_reason = Some("fallback_throttled");
+                    break 'providers;
+                }
+                app.metrics
+                    .retries
+                    .get_or_create(&crate::metrics::RouteLabel {
+                        route: route.key.clone(),
+                    })
+                    .inc();
+            }
+            attempts += 1;
+            last_provider = Some(provider.key.clone());
+            let attempt_span =
+                tracing::debug_span!("attempt", provider = %provider.key, n = attempts);
+            let result = attempt(
+                app,
+                live,
+                route,
+                rp.index,
+                &rp.upstream_model,
+                &req,
+                deadline,
+            )
+            .instrument(attempt_span)
+            .await;
+            match result {
+                Attempt::Served(response) => {
+                    if Some(pos) != first_choice {
+                        let label = crate::metrics::RouteLabel {
+                            route: route.key.clone(),
+                        };
+                        app.metrics.fallbacks.get_or_create(&label).inc();
+                        if route.strategy == Strategy::StickyChain
+                            && lock(&route_state.pins).move_to_front(&req.project, pos, clock.now())
+                        {
+                            app.metrics.affinity_breaks.get_or_create(&label).inc();
+                        }
+                    }
+                    return Ok((response, provider.key.clone(), attempts));
+                }
+                Attempt::Failed(failure) => {
+                    let c = &failure.classification;
+                    let now = clock.now();
+                    tracing::info!(provider = %provider.key, class = %c.class, code = c.code.as_deref().unwrap_or(""), "attempt failed");
+                    consecutive_failures += 1;
+                    if let Some(pause) = pause_policy.scope_pause(c, &mut rand::rng()) {
+                        let mut pauses = lock(&app.runtime.pauses);
+                        // Capacity and exhaustion answers speak for the whole upstream quota:
+                        // pause the provider and every quota group it shares (field case 2).
+                        let shared = matches!(c.class, ErrorClass::Capacity | ErrorClass::Policy);
+                        for scope in scopes.iter().take(if shared { scopes.len() } else { 1 }) {
+                            pauses.pause(scope, pause, now, c.class);
+                        }
+                    }
+                    if c.class == ErrorClass::Request || !route.fallback_on.contains(&c.class) {
+                        return Err((client_error(&failure), Some(provider.key.clone()), attempts));
+                    }
+                    let next_available = order[n + 1..].iter().any(|&p| {
+                        let other = &live.table.providers[route.providers[p].index];
+                        let other_scopes: Vec<&str> =
+                            other.pause_scopes.iter().map(String::as_str).collect();
+                        !lock(&app.runtime.pauses).is_paused(&other_scopes, now)
+                    });
+                    let ctx = AttemptContext {
+                        now,
+                        deadline,
+                        same_provider_retries_used: same_used,
+                        consecutive_failures,
+                        next_provider_available: next_available,
+                        scope_paused_until: lock(&app.runtime.pauses).paused_until(&scopes, now),
+                    };
+                    let decision = next_attempt(&retry_policy, c, &ctx, &mut rand::rng());
+                    last = Some(failure);
+                    match decision {
+                        RetryDecision::NextProvider => continue 'providers,
+                        RetryDecision::SameProviderAfter(wait) => {
+                            same_used += 1;
+                            tokio::time::sleep(wait).await;
+                            // Our own pause on this scope has run out by now (wait covers it).
+                            continue;
+                        }
+                        RetryDecision::GiveUp { retry_after } => {
+                            give_up_hint = retry_after;
+                            break 'providers;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Nothing served: explain why, in the client's dialect (step 9).
+    let error = match (&last, stop_reason) {
+        (_, Some("deadline")) => {
+            let mut e = ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "deadline_exceeded",
+                format!(
+                    "the request deadline of {:?} passed before any provider answered",
+                    route.deadline
+                ),
+            );
+            e.retry_after = give_up_hint.or(skipped_wait);
+            e
+        }
+        (Some(failure), _) => {
+            let mut e = exhausted_error(&failure.classification, region_excluded);
+            e.retry_after = give_up_hint
+                .or(failure.classification.retry_after)
+                .or(skipped_wait)
+                .or(e.retry_after);
+            if let Some(reason @ ("retry_budget_exhausted" | "fallback_throttled")) = stop_reason {
+                e.message = format!("{} (further attempts refused: {reason})", e.message);
+            }
+            e
+        }
+        (None, _) => {
+            // Every candidate was paused or had its circuit open: nothing was sent.
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "providers_unavailable",
+                "every provider of this route is paused after rate limiting or has its circuit open",
+            );
+            if let Some(wait) = skipped_wait {
+                e = ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    code: "provider_capacity".to_owned(),
+                    ..e
+                };
+                e.retry_after = Some(wait);
+            } else {
+                e.retry_after = Some(Duration::from_secs(1));
+            }
+            e
+        }
+    };
+    Err((error, last_provider, attempts))
+}
+
+fn paused(app: &App, live: &Live, provider: usize, now: switchyard_core::time::Instant) -> bool {
+    let p = &live.table.providers[provider];
+    let scopes: Vec<&str> = p.pause_scopes.iter().map(String::as_str).collect();
+    lock(&app.runtime.pauses).is_paused(&scopes, now)
+}
+
+/// The error shown when every attempt failed, by the class of the last failure.
+fn exhausted_error(c: &Classification, region_excluded: bool) -> ApiError {
+    let detail = c.message.clone().unwrap_or_default();
+    let (status, code, message) = match c.class {
+        _ if region_excluded => (
+            StatusCode::FORBIDDEN,
+            "region_unavailable",
+            "every provider within the allowed regions failed; providers outside them are not used"
+                .to_owned(),
+        ),
+        ErrorClass::Capacity => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "provider_capacity",
+            format!("every provider is rate limiting: {detail}"),
+        ),
+        ErrorClass::Policy => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "provider_quota_exhausted",
+            format!("provider quota exhausted: {detail}"),
+        ),
+        ErrorClass::Overload => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "provider_overloaded",
+            format!("every provider is overloaded: {detail}"),
+        ),
+        ErrorClass::Timeout | ErrorClass::Deadline => (
+            StatusCode::GATEWAY_TIMEOUT,
+            "provider_timeout",
+            "providers did not answer in time".to_owned(),
+        ),
+        ErrorClass::Connect => (
+            StatusCode::BAD_GATEWAY,
+            "provider_unreachable",
+            "could not connect to any provider".to_owned(),
+        ),
+        ErrorClass::Auth => (
+            StatusCode::BAD_GATEWAY,
+            "provider_auth",
+            "providers refused our credentials".to_owned(),
+        ),
+        ErrorClass::Server | ErrorClass::Request => (
+            StatusCode::BAD_GATEWAY,
+            "provider_error",
+            format!("providers failed: {detail}"),
+        ),
+    };
+    ApiError::new(status, code, message)
+}
+
+/// A request error (or a class the route does not fail over on) returned to the client as
+/// the provider gave it, in the client's dialect.
+fn client_error(f: &Failure) -> ApiError {
+    let c = &f.classification;
+    let status = f.status.unwrap_or(match c.class {
+        ErrorClass::Request => StatusCode::BAD_REQUEST,
+        _ => StatusCode::BAD_GATEWAY,
+    });
+    let code = c
+        .code
+        .clone()
+        .unwrap_or_else(|| c.class.metric_label().to_owned());
+    let mut e = ApiError::new(
+        status,
+        &code,
+        c.message
+            .clone()
+            .unwrap_or_else(|| "the provider rejected the request".to_owned()),
+    );
+    e.retry_after = c.retry_after;
+    e
+}
+
+/// Builds the upstream body for `kind` from the client's request.
+fn upstream_body(
+    req: &ClientRequest,
+    kind: ProviderKind,
+    model: &str,
+    route: &Route,
+) -> Result<Bytes, ApiError> {
+    let bad = |e: translate::TranslateError| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unsupported_translation",
+            e.to_string(),
+        )
+    };
+    let json = |v: Result<Vec<u8>, serde_json::Error>| {
+        v.map(Bytes::from).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })
+    };
+    match (&req.body, kind) {
+        (ClientBody::Chat(chat), ProviderKind::OpenAi) => {
+            let mut chat = (**chat).clone();
+            chat.model = model.to_owned();
+            chat.force_include_usage();
+            json(serde_json::to_vec(&chat))
+        }
+        (ClientBody::Chat(chat), ProviderKind::Anthropic) => {
+            let opts = RequestOptions {
+                default_max_tokens: u64::from(route.default_max_tokens),
+            };
+            let mut translated = translate::openai_to_anthropic_request((**chat).clone(), opts)
+                .map_err(bad)?
+                .value;
+            translated.model = model.to_owned();
+            json(serde_json::to_vec(&translated))
+        }
+        (ClientBody::Messages(m), ProviderKind::Anthropic) => {
+            let mut m = (**m).clone();
+            m.model = model.to_owned();
+            json(serde_json::to_vec(&m))
+        }
+        (ClientBody::Messages(m), ProviderKind::OpenAi) => {
+            let mut translated = translate::anthropic_to_openai_request((**m).clone())
+                .map_err(bad)?
+                .value;
+            translated.model = model.to_owned();
+            translated.force_include_usage();
+            json(serde_json::to_vec(&translated))
+        }
+        (ClientBody::Json(map), _) => {
+            let mut map = map.clone();
+            map.insert("model".to_owned(), Value::String(model.to_owned()));
+            json(serde_json::to_vec(&map))
+        }
+    }
+}
+
+fn unix_now(app: &App) -> u64 {
+    u64::try_from(app.clock.wall().timestamp()).unwrap_or(0)
+}
+
+/// One upstream attempt.
+async fn attempt(
+    app: &Arc<App>,
+    live: &Arc<Live>,
+    route: &Route,
+    provider_index: usize,
+    model: &str,
+    req: &ClientRequest,
+    deadline: switchyard_core::time::Instant,
+) -> Attempt {
+    let provider = &live.table.providers[provider_index];
+    let Ok(client) = provider.client.as_ref() else {
+        return Attempt::Failed(Failure {
+            classification: Classification::new(ErrorClass::Auth),
+            status: None,
+        });
+    };
+    let kind = client.endpoint().kind;
+    let Some(op) = operation(req.op, kind) else {
+        return Attempt::Failed(Failure {
+            classification: Classification::new(ErrorClass::Request),
+            status: None,
+        });
+    };
+    let body = match upstream_body(req, kind, model, route) {
+        Ok(b) => b,
+        Err(e) => {
+            return Attempt::Failed(Failure {
+                classification: Classification {
+                    message: Some(e.message),
+                    code: Some(e.code),
+                    ..Classification::new(ErrorClass::Request)
+                },
+                status: Some(e.status),
+            });
+        }
+    };
+    let guard = AttemptGuard::start(app, live, provider_index);
+    let now = app.clock.now();
+    let remaining = deadline.saturating_since(now);
+    let streaming = req.stream && matches!(req.op, ClientOp::Chat | ClientOp::Messages);
+    // Until content arrives, a stream is bounded by the first-token timeout; a whole
+    // non-streamed answer only by the deadline.
+    let header_budget = if streaming {
+        route.first_token_timeout.min(remaining)
+    } else {
+        remaining
+    };
+    let first_token_deadline = tokio::time::Instant::now() + header_budget;
+    let sent =
+        tokio::time::timeout_at(first_token_deadline, client.send(op, body, streaming)).await;
+    let response = match sent {
+        Err(_) => return fail(guard, timeout_class(streaming, route, remaining)),
+        Ok(Err(e)) => return fail(guard, transport_class(&e)),
+        Ok(Ok(r)) => r,
+    };
+    if !response.status.is_success() {
+        let status = response.status;
+        let headers = response.headers.clone();
+        let body = tokio::time::timeout_at(
+            app.clock.to_tokio(deadline),
+            response.collect(MAX_UPSTREAM_BODY),
+        )
+        .await;
+        let body = match body {
+            Ok(Ok(b)) => b,
+            _ => Bytes::new(),
+        };
+        let c = classify_response(status, &headers, &body, app.clock.wall());
+        let class = c.class;
+        let failure = Failure {
+            classification: c,
+            status: Some(status),
+        };
+        guard.fail(class);
+        return Attempt::Failed(failure);
+    }
+    if streaming {
+        stream_attempt(
+            app,
+            guard,
+            kind,
+            req,
+            response,
+            first_token_deadline,
+            deadline,
+        )
+        .await
+    } else {
+        let body = tokio::time::timeout_at(
+            app.clock.to_tokio(deadline),
+            response.collect(MAX_UPSTREAM_BODY),
+        )
+        .await;
+        let body = match body {
+            Err(_) => return fail(guard, classify_transport(TransportFailure::RequestDeadline)),
+            Ok(Err(e)) => return fail(guard, transport_class(&e)),
+            Ok(Ok(b)) => b,
+        };
+        match translate_response(app, req.op, kind, &body) {
+            Ok((bytes, usage)) => {
+                guard.succeed(usage.as_ref());
+                let mut response = Response::new(Body::from(bytes));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                Attempt::Served(response)
+            }
+            Err(message) => fail(
+                guard,
+                Classification {
+                    message: Some(message),
+                    code: Some("invalid_upstream_response".to_owned()),
+                    ..Classification::new(ErrorClass::Server)
+                },
+            ),
+        }
+    }
+}
+
+fn fail(guard: AttemptGuard, c: Classification) -> Attempt {
+    guard.fail(c.class);
+    Attempt::Failed(Failure {
+        classification: c,
+        status: None,
+    })
+}
+
+fn timeout_class(streaming: bool, route: &Route, remaining: Duration) -> Classification {
+    if streaming && route.first_token_timeout < remaining {
+        classify_transport(TransportFailure::FirstTokenTimeout)
+    } else {
+        classify_transport(TransportFailure::RequestDeadline)
+    }
+}
+
+fn transport_class(e: &TransportError) -> Classification {
+    let kind = match e {
+        TransportError::Connect(_) => TransportFailure::Connect,
+        TransportError::Timeout => TransportFailure::ResponseTimeout,
+        _ => TransportFailure::ConnectionReset,
+    };
+    Classification {
+        message: Some(e.to_string()),
+        ..classify_transport(kind)
+    }
+}
+
+/// Translates a whole upstream response into the client's dialect, with its usage.
+fn translate_response(
+    app: &App,
+    op: ClientOp,
+    kind: ProviderKind,
+    body: &Bytes,
+) -> Result<(Bytes, Option<NormalizedUsage>), String> {
+    let parse_err = |e: serde_json::Error| format!("provider response does not parse: {e}");
+    match (op, kind) {
+        (ClientOp::Chat, ProviderKind::OpenAi) => {
+            let r: openai::ChatResponse = serde_json::from_slice(body).map_err(parse_err)?;
+            Ok((
+                body.clone(),
+                r.usage.as_ref().map(NormalizedUsage::from_openai),
+            ))
+        }
+        (ClientOp::Chat, ProviderKind::Anthropic) => {
+            let r: anthropic::MessagesResponse = serde_json::from_slice(body).map_err(parse_err)?;
+            let usage = NormalizedUsage::from_anthropic(&r.usage);
+            let out = translate::anthropic_to_openai_response(r, unix_now(app));
+            Ok((
+                Bytes::from(serde_json::to_vec(&out).map_err(parse_err)?),
+                Some(usage),
+            ))
+        }
+        (ClientOp::Messages, ProviderKind::Anthropic) => {
+            let r: anthropic::MessagesResponse = serde_json::from_slice(body).map_err(parse_err)?;
+            Ok((
+                body.clone(),
+                Some(NormalizedUsage::from_anthropic(&r.usage)),
+            ))
+        }
+        (ClientOp::Messages, ProviderKind::OpenAi) => {
+            let r: openai::ChatResponse = serde_json::from_slice(body).map_err(parse_err)?;
+            let usage = r.usage.as_ref().map(NormalizedUsage::from_openai);
+            let out = translate::openai_to_anthropic_response(r).map_err(|e| e.to_string())?;
+            Ok((
+                Bytes::from(serde_json::to_vec(&out).map_err(parse_err)?),
+                usage,
+            ))
+        }
+        (ClientOp::Embeddings, _) => {
+            let v: Value = serde_json::from_slice(body).map_err(parse_err)?;
+            let prompt = v
+                .pointer("/usage/prompt_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            Ok((
+                body.clone(),
+                Some(NormalizedUsage {
+                    input_uncached: prompt,
+                    ..NormalizedUsage::estimated(0, 0)
+                }),
+            ))
+        }
+        (ClientOp::Rerank, _) => {
+            let _: Value = serde_json::from_slice(body).map_err(parse_err)?;
+            Ok((body.clone(), None))
+        }
+    }
+}
+
+fn translator(
+    app: &App,
+    op: ClientOp,
+    kind: ProviderKind,
+    client_wants_usage: bool,
+) -> StreamTranslator {
+    match (op, kind) {
+        (ClientOp::Messages, ProviderKind::Anthropic) => StreamTranslator::anthropic_passthrough(),
+        (ClientOp::Messages, ProviderKind::OpenAi) => StreamTranslator::openai_to_anthropic(),
+        (_, ProviderKind::Anthropic) => {
+            StreamTranslator::anthropic_to_openai(unix_now(app), client_wants_usage)
+        }
+        (_, ProviderKind::OpenAi) => StreamTranslator::openai_passthrough(client_wants_usage),
+    }
+}
+
+fn provider_dialect(kind: ProviderKind) -> Dialect {
+    match kind {
+        ProviderKind::OpenAi => Dialect::OpenAi,
+        ProviderKind::Anthropic => Dialect::Anthropic,
+    }
+}
+
+/// Reads a stream up to its first content (holding the preamble), then commits it.
+async fn stream_attempt(
+    app: &Arc<App>,
+    guard: AttemptGuard,
+    kind: ProviderKind,
+    req: &ClientRequest,
+    response: UpstreamResponse,
+    first_token_deadline: tokio::time::Instant,
+    deadline: switchyard_core::time::Instant,
+) -> Attempt {
+    let upstream_dialect = provider_dialect(kind);
+    let mut translator = translator(app, req.op, kind, req.client_wants_usage);
+    let mut parser = SseParser::new();
+    let mut body = response.body;
+    let mut held = BytesMut::new();
+    let sent_at = guard.started;
+    loop {
+        let chunk = match tokio::time::timeout_at(first_token_deadline, body.next()).await {
+            Err(_) => {
+                let remaining = deadline.saturating_since(app.clock.now());
+                let c = if remaining.is_zero() {
+                    classify_transport(TransportFailure::RequestDeadline)
+                } else {
+                    classify_transport(TransportFailure::FirstTokenTimeout)
+                };
+                return fail(guard, c);
+            }
+            Ok(None) => {
+                let c = Classification {
+                    message: Some("stream ended before any content".to_owned()),
+                    code: Some("empty_stream".to_owned()),
+                    ..Classification::new(ErrorClass::Server)
+                };
+                return fail(guard, c);
+            }
+            Ok(Some(Err(e))) => return fail(guard, transport_class(&e)),
+            Ok(Some(Ok(chunk))) => chunk,
+        };
+        let items = parser.push(&chunk);
+        for (i, item) in items.iter().enumerate() {
+            match stream_classify::classify(upstream_dialect, item) {
+                stream_classify::StreamClass::Error(payload) => {
+                    return fail(guard, classify_stream_error_at(&payload, app.clock.wall()));
+                }
+                stream_classify::StreamClass::Malformed
+                | stream_classify::StreamClass::Incomplete => {
+                    let c = Classification {
+                        message: Some("malformed stream event before content".to_owned()),
+                        code: Some("malformed_stream".to_owned()),
+                        ..Classification::new(ErrorClass::Server)
+                    };
+                    return fail(guard, c);
+                }
+                class => {
+                    if let SseItem::Comment(_) = item {
+                        // Keep-alives before content prove liveness only; they are not held.
+                        continue;
+                    }
+                    match translator.push(item) {
+                        Ok(out) => out
+                            .iter()
+                            .for_each(|o| held.extend_from_slice(&encode_item(o))),
+                        Err(e) => {
+                            let c = Classification {
+                                message: Some(e.to_string()),
+                                code: Some("invalid_upstream_stream".to_owned()),
+                                ..Classification::new(ErrorClass::Server)
+                            };
+                            return fail(guard, c);
+                        }
+                    }
+                    if matches!(
+                        class,
+                        stream_classify::StreamClass::Content
+                            | stream_classify::StreamClass::Finish
+                    ) {
+                        let rest: Vec<SseItem> = items[i + 1..].to_vec();
+                        app.metrics
+                            .ttft
+                            .get_or_create(&label(guard.config()))
+                            .observe(sent_at.elapsed().as_secs_f64());
+                        return Attempt::Served(commit(
+                            app.clone(),
+                            guard,
+                            req.op.dialect(),
+                            translator,
+                            parser,
+                            body,
+                            held.freeze(),
+                            rest,
+                            deadline,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Turns a committed upstream stream into the client's response body.
+#[allow(clippy::too_many_arguments)]
+fn commit(
+    app: Arc<App>,
+    guard: AttemptGuard,
+    client_dialect: Dialect,
+    mut translator: StreamTranslator,
+    mut parser: SseParser,
+    mut upstream: crate::upstream::UpstreamBody,
+    held: Bytes,
+    rest: Vec<SseItem>,
+    deadline: switchyard_core::time::Instant,
+) -> Response {
+    let stream = async_stream::stream! {
+        let mut guard = Some(guard);
+        yield Ok::<Bytes, std::convert::Infallible>(held);
+        let mut pending = rest;
+        let mut failure: Option<(ErrorClass, String)> = None;
+        'pump: loop {
+            for item in pending.drain(..) {
+                if let SseItem::Incomplete(_) = item {
+                    failure = Some((ErrorClass::Server, "the provider's stream was cut mid-event".to_owned()));
+                    break 'pump;
+                }
+                match translator.push(&item) {
+                    Ok(out) => {
+                        let mut buf = BytesMut::new();
+                        out.iter().for_each(|o| buf.extend_from_slice(&encode_item(o)));
+                        if !buf.is_empty() {
+                            yield Ok(buf.freeze());
+                        }
+                    }
+                    Err(e) => {
+                        failure = Some((ErrorClass::Server, e.to_string()));
+                        break 'pump;
+                    }
+                }
+                if translator.is_errored() {
+                    failure = Some((ErrorClass::Server, "the provider reported an error mid-stream".to_owned()));
+                    break 'pump;
+                }
+            }
+            if translator.is_finished() {
+                break 'pump;
+            }
+            match tokio::time::timeout_at(app.clock.to_tokio(deadline), upstream.next()).await {
+                Err(_) => {
+                    failure = Some((ErrorClass::Deadline, "the request deadline passed mid-stream".to_owned()));
+                    break 'pump;
+                }
+                Ok(None) => {
+                    pending.extend(parser.finish());
+                    if pending.is_empty() {
+                        if !translator.is_finished() {
+                            failure = Some((ErrorClass::Server, "the provider's stream ended without finishing".to_owned()));
+                        }
+                        break 'pump;
+                    }
+                }
+                Ok(Some(Err(e))) => {
+                    failure = Some((ErrorClass::Connect, format!("the provider's stream broke: {e}")));
+                    break 'pump;
+                }
+                Ok(Some(Ok(chunk))) => pending.extend(parser.push(&chunk)),
+            }
+        }
+        let usage = translator.usage().reported();
+        if let Some(g) = guard.take() {
+            match &failure {
+                None => g.succeed(usage.as_ref()),
+                Some((class, _)) => g.fail(*class),
+            }
+        }
+        if let Some((class, message)) = failure {
+            tracing::warn!(class = %class, "stream failed after content; ending it with an error event");
+            let status = if class == ErrorClass::Deadline { 504 } else { 502 };
+            let event = error_event(client_dialect, status, &message, Some("stream_interrupted"));
+            yield Ok(encode_item(&SseItem::Event(event)));
+        }
+    };
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// Header names whose values identify the caller; marked sensitive before any tracing.
+pub fn sensitive_headers() -> [http::HeaderName; 3] {
+    [
+        header::AUTHORIZATION,
+        http::HeaderName::from_static("x-api-key"),
+        header::PROXY_AUTHORIZATION,
+    ]
+}

@@ -1,0 +1,362 @@
+//! The client API (axum): OpenAI- and Anthropic-compatible endpoints, authentication, the
+//! operational endpoints, and one error mapping in the client's dialect (STYLE pattern 9).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+
+use crate::clock::Clock;
+use crate::dispatch::{ApiError, ClientBody, ClientOp, ClientRequest, dispatch, sensitive_headers};
+use crate::metrics::Metrics;
+use crate::state::Runtime;
+use crate::status;
+use crate::wire::{Dialect, anthropic, openai};
+
+/// Everything a handler needs.
+#[derive(Debug)]
+pub struct App {
+    /// Configuration snapshot and live state.
+    pub runtime: Arc<Runtime>,
+    /// Metrics registry.
+    pub metrics: Metrics,
+    /// Process clock.
+    pub clock: Clock,
+    /// Largest accepted request body, bytes.
+    pub max_body_bytes: usize,
+    /// Whether the configuration has loaded (for `/readyz`).
+    pub ready: std::sync::atomic::AtomicBool,
+    /// Last known status of every condition, to keep `lastTransitionTime` until a flip.
+    pub transitions: crate::status::Transitions,
+    /// Problems of the last configuration load that did not stop serving.
+    pub config_messages: std::sync::Mutex<Vec<String>>,
+}
+
+impl App {
+    /// An app serving `runtime`.
+    pub fn new(runtime: Arc<Runtime>, max_body_bytes: usize) -> Arc<App> {
+        Arc::new(App {
+            runtime,
+            metrics: Metrics::new(),
+            clock: Clock::new(),
+            max_body_bytes,
+            ready: std::sync::atomic::AtomicBool::new(true),
+            transitions: crate::status::Transitions::default(),
+            config_messages: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+}
+
+/// Default largest request body: 32 MiB, room for long contexts with images.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// The HTTP router: client API plus `/status`, `/metrics`, `/healthz`, `/readyz`.
+///
+/// Layers, outermost first: panic catcher (a bug answers 500, it does not drop the
+/// connection), credential headers marked sensitive before anything could log them.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/messages", post(messages))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/rerank", post(rerank))
+        .route("/v1/models", get(models))
+        .route("/status", get(status_handler))
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        // Bodies are read by the handlers with their own limit, so a 413 has the client's
+        // error shape; axum's default limit would answer in plain text.
+        .layer(DefaultBodyLimit::disable())
+        .layer(SetSensitiveRequestHeadersLayer::new(sensitive_headers()))
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
+            .into_response(Dialect::OpenAi)
+        }))
+        .with_state(app)
+}
+
+async fn not_found(request: Request) -> Response {
+    let dialect = if request.uri().path().starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no such endpoint: {}", request.uri().path()),
+    )
+    .into_response(dialect)
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.ready.load(std::sync::atomic::Ordering::Relaxed) {
+        "ready".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
+    let live = app.runtime.live();
+    for (p, s) in live.table.providers.iter().zip(&live.providers) {
+        let label = crate::metrics::ProviderLabel {
+            provider: p.key.clone(),
+        };
+        app.metrics
+            .availability
+            .get_or_create(&label)
+            .set(s.availability());
+        let open = !matches!(
+            crate::state::lock(&s.breaker).state(app.clock.now()),
+            switchyard_core::breaker::BreakerState::Closed
+        );
+        app.metrics
+            .circuit_open
+            .get_or_create(&label)
+            .set(i64::from(open));
+    }
+    for (r, s) in live.table.routes.iter().zip(&live.routes) {
+        for (name, w) in r.provider_names.iter().zip(s.weights.load().iter()) {
+            let label = crate::metrics::RouteProvider {
+                route: r.key.clone(),
+                provider: format!("{}/{name}", r.namespace),
+            };
+            app.metrics.weight.get_or_create(&label).set(*w);
+        }
+    }
+    let mut response = app.metrics.encode().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
+
+async fn status_handler(State(app): State<Arc<App>>) -> Response {
+    axum::Json(status::snapshot(&app)).into_response()
+}
+
+async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let live = app.runtime.live();
+    let mut names: Vec<&String> = live.table.by_model.keys().collect();
+    names.sort();
+    if headers.contains_key("anthropic-version") {
+        let data: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"}))
+            .collect();
+        let first = names.first().map(|n| n.as_str());
+        let last = names.last().map(|n| n.as_str());
+        return axum::Json(
+            json!({"data": data, "has_more": false, "first_id": first, "last_id": last}),
+        )
+        .into_response();
+    }
+    let data: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "switchyard"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn chat(State(app): State<Arc<App>>, request: Request) -> Response {
+    handle(app, ClientOp::Chat, request).await
+}
+
+async fn messages(State(app): State<Arc<App>>, request: Request) -> Response {
+    handle(app, ClientOp::Messages, request).await
+}
+
+async fn embeddings(State(app): State<Arc<App>>, request: Request) -> Response {
+    handle(app, ClientOp::Embeddings, request).await
+}
+
+async fn rerank(State(app): State<Arc<App>>, request: Request) -> Response {
+    handle(app, ClientOp::Rerank, request).await
+}
+
+/// A fresh request id: 128 random bits in hex.
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()))
+}
+
+fn api_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        return v
+            .strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+            .map(str::trim);
+    }
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+async fn handle(app: Arc<App>, op: ClientOp, request: Request) -> Response {
+    let dialect = op.dialect();
+    let rid = request_id(request.headers());
+    let with_id = |mut r: Response| {
+        if let Ok(v) = HeaderValue::from_str(&rid) {
+            r.headers_mut().insert("x-request-id", v);
+        }
+        r
+    };
+    match prepare(&app, op, request, rid.clone()).await {
+        Ok((route, req)) => dispatch(app, route, req).await,
+        Err(e) => {
+            app.metrics
+                .requests
+                .get_or_create(&crate::metrics::RouteOutcome {
+                    route: String::new(),
+                    outcome: e.code.clone(),
+                })
+                .inc();
+            with_id(e.into_response(dialect))
+        }
+    }
+}
+
+/// Step 1 of the request path: authenticate, read and parse the body, find the route.
+async fn prepare(
+    app: &App,
+    op: ClientOp,
+    request: Request,
+    request_id: String,
+) -> Result<(usize, ClientRequest), ApiError> {
+    let (parts, body) = request.into_parts();
+    let live = app.runtime.live();
+    let tenant = match api_key(&parts.headers) {
+        Some(key) => match live.table.tenant_for_key(key) {
+            Some(t) => Some(t.clone()),
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_api_key",
+                    "the API key is not valid",
+                ));
+            }
+        },
+        None if live.table.auth_required => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing_api_key",
+                "an API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+            ));
+        }
+        None => None,
+    };
+    let bytes = axum::body::to_bytes(Body::new(body), app.max_body_bytes)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!("the request body exceeds {} bytes", app.max_body_bytes),
+            )
+        })?;
+    let invalid = |e: serde_json::Error| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("the request body is not valid: {e}"),
+        )
+    };
+    let (body, model, stream, client_wants_usage) = match op {
+        ClientOp::Chat => {
+            let r: openai::ChatRequest = serde_json::from_slice(&bytes).map_err(invalid)?;
+            let wants = r.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
+            let (model, stream) = (r.model.clone(), r.is_stream());
+            (ClientBody::Chat(Box::new(r)), model, stream, wants)
+        }
+        ClientOp::Messages => {
+            let r: anthropic::MessagesRequest = serde_json::from_slice(&bytes).map_err(invalid)?;
+            let (model, stream) = (r.model.clone(), r.is_stream());
+            (ClientBody::Messages(Box::new(r)), model, stream, true)
+        }
+        ClientOp::Embeddings | ClientOp::Rerank => {
+            let v: serde_json::Map<String, Value> =
+                serde_json::from_slice(&bytes).map_err(invalid)?;
+            let model = v
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            (ClientBody::Json(v), model, false, false)
+        }
+    };
+    let Some(&route_index) = live.table.by_model.get(&model) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!("the model {model:?} does not exist"),
+        ));
+    };
+    let route = &live.table.routes[route_index];
+    if let Some(t) = &tenant
+        && !t.may_use(&route.name)
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "route_not_allowed",
+            format!("this API key may not use the model {model:?}"),
+        ));
+    }
+    let project = parts
+        .headers
+        .get(route.affinity_header.as_str())
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .or_else(|| tenant.as_ref().map(|t| t.key.clone()))
+        .unwrap_or_else(|| "anonymous".to_owned());
+    Ok((
+        route_index,
+        ClientRequest {
+            op,
+            body,
+            stream,
+            client_wants_usage,
+            project,
+            tenant,
+            request_id,
+        },
+    ))
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// How often the control loop housekeeping runs.
+pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(60);

@@ -1,0 +1,342 @@
+//! Runtime state that outlives configuration reloads: outcome counters, circuit breakers,
+//! availability controllers, pinned chains, pauses and the retry budget.
+//!
+//! The routing table is replaced on every reload; this state is keyed by `namespace/name` in a
+//! registry so a reload that keeps a provider keeps its breaker, counters and availability.
+//! A [`Live`] pairs one table with the state objects of its providers and routes, by index, so
+//! the request path never looks anything up by name.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use switchyard_core::availability::{AvailabilityController, ControllerConfig, StepReport};
+use switchyard_core::breaker::CircuitBreaker;
+use switchyard_core::budget::{FallbackThrottle, RetryBudget};
+use switchyard_core::chain::ChainPins;
+use switchyard_core::classify::ErrorClass;
+use switchyard_core::p2c::{P2c, P2cConfig};
+use switchyard_core::pause::Pauses;
+use switchyard_core::time::Instant;
+use switchyard_core::weights::cascade_weights;
+
+use crate::config::RoutingTable;
+
+/// Locks a mutex, recovering the data if a panicking holder poisoned it: every critical
+/// section here leaves the state consistent between statements, so the data stays usable.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Monotonic per-provider outcome counters (the outcome protocol of DESIGN §2).
+#[derive(Debug, Default)]
+pub struct OutcomeCounters {
+    /// Successful attempts.
+    pub successes: AtomicU64,
+    /// Failed attempts by [`ErrorClass`] (index = position in [`ErrorClass::ALL`]).
+    pub errors: [AtomicU64; 9],
+    /// Attempts ended because the client went away (not the provider's fault).
+    pub cancelled: AtomicU64,
+    /// Attempts in flight.
+    pub in_flight: AtomicI64,
+}
+
+impl OutcomeCounters {
+    /// Records a failed attempt of `class`.
+    pub fn error(&self, class: ErrorClass) {
+        let i = ErrorClass::ALL
+            .iter()
+            .position(|c| *c == class)
+            .unwrap_or(0);
+        self.errors[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Errors of provider-side classes (what the availability controller counts).
+    pub fn provider_errors(&self) -> u64 {
+        ErrorClass::ALL
+            .iter()
+            .zip(&self.errors)
+            .filter(|(c, _)| c.is_provider_side())
+            .map(|(_, n)| n.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// The last controller window of a provider, for status.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Window {
+    /// Successes in the window.
+    pub successes: u64,
+    /// Provider-side errors in the window.
+    pub errors: u64,
+    /// The controller's report, once a window completed.
+    pub report: Option<StepReport>,
+}
+
+/// Live state of one provider.
+#[derive(Debug)]
+pub struct ProviderState {
+    /// Outcome counters.
+    pub counters: OutcomeCounters,
+    /// Circuit breaker (per router replica).
+    pub breaker: Mutex<CircuitBreaker>,
+    controller: Mutex<(AvailabilityController, u64, u64, Window)>,
+    availability_bits: AtomicU64,
+}
+
+impl ProviderState {
+    fn new(breaker: CircuitBreaker, controller: ControllerConfig) -> Self {
+        ProviderState {
+            counters: OutcomeCounters::default(),
+            breaker: Mutex::new(breaker),
+            controller: Mutex::new((
+                AvailabilityController::new(controller),
+                0,
+                0,
+                Window::default(),
+            )),
+            availability_bits: AtomicU64::new(1.0f64.to_bits()),
+        }
+    }
+
+    /// Current availability in [0, 1].
+    pub fn availability(&self) -> f64 {
+        f64::from_bits(self.availability_bits.load(Ordering::Relaxed))
+    }
+
+    /// The last completed window.
+    pub fn last_window(&self) -> Window {
+        lock(&self.controller).3
+    }
+
+    /// Closes a controller window: takes the counter deltas since the last call and steps the
+    /// controller (DESIGN §4.1). Returns the new availability.
+    pub fn step(&self, cfg: &ControllerConfig) -> f64 {
+        let successes = self.counters.successes.load(Ordering::Relaxed);
+        let errors = self.counters.provider_errors();
+        let mut guard = lock(&self.controller);
+        let (controller, last_s, last_e, window) = &mut *guard;
+        if controller.config() != cfg {
+            *controller =
+                AvailabilityController::with_availability(cfg.clone(), controller.availability());
+        }
+        let counts = switchyard_core::availability::WindowCounts {
+            successes: successes.saturating_sub(*last_s),
+            provider_errors: errors.saturating_sub(*last_e),
+        };
+        *last_s = successes;
+        *last_e = errors;
+        let report = controller.step(counts);
+        *window = Window {
+            successes: counts.successes,
+            errors: counts.provider_errors,
+            report: Some(report),
+        };
+        self.availability_bits
+            .store(report.availability.to_bits(), Ordering::Relaxed);
+        report.availability
+    }
+}
+
+/// Live state of one route.
+#[derive(Debug)]
+pub struct RouteState {
+    /// Pinned chains by project key.
+    pub pins: Mutex<ChainPins>,
+    /// Priority-cascade weights, by position in the route's provider list.
+    pub weights: ArcSwap<Vec<f64>>,
+    /// Spill-over throttle, when configured.
+    pub throttle: Option<Mutex<FallbackThrottle>>,
+    /// When the weights were last computed.
+    pub computed_at: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+}
+
+/// Pinned chains kept per route; at roughly 100 bytes each, 200,000 pins stay near 20 MiB.
+const PIN_CAPACITY: usize = 200_000;
+
+/// One routing table together with the state of its providers and routes, by index.
+#[derive(Debug)]
+pub struct Live {
+    /// The configuration.
+    pub table: RoutingTable,
+    /// State of `table.providers[i]`.
+    pub providers: Vec<Arc<ProviderState>>,
+    /// State of `table.routes[i]`.
+    pub routes: Vec<Arc<RouteState>>,
+    /// Load statistics for power-of-two-choices, by provider index (rebuilt on reload).
+    pub p2c: Mutex<P2c>,
+    /// Controller settings per provider: those of the first route that lists it.
+    pub controller_cfg: Vec<ControllerConfig>,
+}
+
+impl Live {
+    /// Current cascade weights of `route`, recomputed from the providers' availabilities.
+    pub fn compute_weights(&self, route: usize) -> Vec<f64> {
+        let Some(r) = self.table.routes.get(route) else {
+            return Vec::new();
+        };
+        let availabilities: Vec<f64> = r
+            .providers
+            .iter()
+            .map(|p| {
+                if p.ineligible.is_some() {
+                    0.0
+                } else {
+                    self.providers
+                        .get(p.index)
+                        .map_or(0.0, |s| s.availability())
+                }
+            })
+            .collect();
+        let mut weights = cascade_weights(&availabilities);
+        // Ineligible providers never take traffic, even when every eligible one is at zero
+        // and the cascade falls back to equal weights.
+        for (w, p) in weights.iter_mut().zip(&r.providers) {
+            if p.ineligible.is_some() {
+                *w = 0.0;
+            }
+        }
+        weights
+    }
+}
+
+/// State shared by every snapshot of one process.
+#[derive(Debug)]
+pub struct Runtime {
+    providers: Mutex<HashMap<String, Arc<ProviderState>>>,
+    routes: Mutex<HashMap<String, Arc<RouteState>>>,
+    /// Retry-After pauses by scope (provider key or `group:` quota group).
+    pub pauses: Mutex<Pauses>,
+    /// Router-wide retry budget.
+    pub budget: Mutex<RetryBudget>,
+    live: ArcSwap<Live>,
+}
+
+impl Runtime {
+    /// A runtime serving `table`.
+    pub fn new(table: RoutingTable) -> Arc<Runtime> {
+        let runtime = Runtime {
+            providers: Mutex::new(HashMap::new()),
+            routes: Mutex::new(HashMap::new()),
+            pauses: Mutex::new(Pauses::new()),
+            budget: Mutex::new(RetryBudget::new(0.2, Duration::from_secs(10), 5)),
+            live: ArcSwap::from_pointee(Live {
+                table: RoutingTable::default(),
+                providers: Vec::new(),
+                routes: Vec::new(),
+                p2c: Mutex::new(P2c::new(0, P2cConfig::default())),
+                controller_cfg: Vec::new(),
+            }),
+        };
+        let runtime = Arc::new(runtime);
+        runtime.swap(table);
+        runtime
+    }
+
+    /// The snapshot requests use now.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Installs a new table, keeping the state of providers and routes that remain.
+    pub fn swap(&self, table: RoutingTable) {
+        let mut controller_cfg: Vec<Option<ControllerConfig>> = vec![None; table.providers.len()];
+        for route in &table.routes {
+            for p in &route.providers {
+                if let Some(slot) = controller_cfg.get_mut(p.index) {
+                    slot.get_or_insert_with(|| route.controller.clone());
+                }
+            }
+        }
+        let controller_cfg: Vec<ControllerConfig> = controller_cfg
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect();
+        let providers = {
+            let mut registry = lock(&self.providers);
+            let states: Vec<Arc<ProviderState>> = table
+                .providers
+                .iter()
+                .zip(&controller_cfg)
+                .map(|(p, cfg)| {
+                    registry
+                        .entry(p.key.clone())
+                        .or_insert_with(|| {
+                            Arc::new(ProviderState::new(
+                                CircuitBreaker::new(p.breaker.clone()),
+                                cfg.clone(),
+                            ))
+                        })
+                        .clone()
+                })
+                .collect();
+            registry.retain(|k, _| table.providers.iter().any(|p| &p.key == k));
+            states
+        };
+        let routes = {
+            let mut registry = lock(&self.routes);
+            let states: Vec<Arc<RouteState>> = table
+                .routes
+                .iter()
+                .map(|r| {
+                    let fresh = || {
+                        Arc::new(RouteState {
+                            pins: Mutex::new(ChainPins::new(PIN_CAPACITY, r.pin)),
+                            weights: ArcSwap::from_pointee(Vec::new()),
+                            throttle: r.throttle.map(|(rate, burst)| {
+                                Mutex::new(FallbackThrottle::new(rate, burst))
+                            }),
+                            computed_at: Mutex::new(None),
+                        })
+                    };
+                    let state = registry.entry(r.key.clone()).or_insert_with(fresh);
+                    // Pins over another provider list or pin length would be stale: start over.
+                    let stale = lock(&state.pins).pin_duration() != r.pin
+                        || state.throttle.is_some() != r.throttle.is_some();
+                    if stale {
+                        *state = fresh();
+                    }
+                    state.clone()
+                })
+                .collect();
+            registry.retain(|k, _| table.routes.iter().any(|r| &r.key == k));
+            states
+        };
+        let p2c = P2c::new(table.providers.len(), P2cConfig::default());
+        let live = Live {
+            table,
+            providers,
+            routes,
+            p2c: Mutex::new(p2c),
+            controller_cfg,
+        };
+        for i in 0..live.routes.len() {
+            let weights = live.compute_weights(i);
+            live.routes[i].weights.store(Arc::new(weights));
+        }
+        self.live.store(Arc::new(live));
+    }
+
+    /// One control-loop tick: steps every provider's controller over the window since the
+    /// previous tick and recomputes every route's weights.
+    pub fn control_tick(&self, now_wall: chrono::DateTime<chrono::Utc>) {
+        let live = self.live();
+        for (state, cfg) in live.providers.iter().zip(&live.controller_cfg) {
+            state.step(cfg);
+        }
+        for (i, route) in live.routes.iter().enumerate() {
+            route.weights.store(Arc::new(live.compute_weights(i)));
+            *lock(&route.computed_at) = Some(now_wall);
+        }
+    }
+
+    /// Drops expired pauses and pins (bounded memory over long runs).
+    pub fn housekeeping(&self, now: Instant) {
+        lock(&self.pauses).prune(now);
+        for route in &self.live().routes {
+            lock(&route.pins).purge_expired(now);
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Computed status of every resource, in the CRD status shapes, for `GET /status` and
+//! `switchyard status`. In Kubernetes mode the operator writes the same shapes into the
+//! resources' status subresources.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde::{Deserialize, Serialize};
+use switchyard_api::common::{condition, reason};
+use switchyard_api::policy::{ProviderWeight, RoutingPolicyStatus};
+use switchyard_api::provider::{LLMProviderStatus, WindowStatus};
+use switchyard_api::tenant::TenantQuotaStatus;
+
+use crate::server::App;
+use crate::state::lock;
+
+/// Availability below which a provider is reported `Degraded`.
+pub const DEGRADED_BELOW: f64 = 0.5;
+
+/// A wall-clock time in the Kubernetes `Time` type (whole milliseconds).
+pub fn time(at: DateTime<Utc>) -> Time {
+    Time(
+        k8s_openapi::jiff::Timestamp::from_millisecond(at.timestamp_millis())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+/// Remembered condition statuses, so `lastTransitionTime` moves only on a flip.
+#[derive(Debug, Default)]
+pub struct Transitions(Mutex<HashMap<String, (String, DateTime<Utc>)>>);
+
+impl Transitions {
+    #[allow(clippy::too_many_arguments)] // one flat call per condition reads best at the call sites
+    fn condition(
+        &self,
+        object: &str,
+        kind: &str,
+        status: bool,
+        reason: &str,
+        message: String,
+        generation: Option<i64>,
+        now: DateTime<Utc>,
+    ) -> Condition {
+        let status = if status { "True" } else { "False" }.to_owned();
+        let mut map = lock(&self.0);
+        let entry = map
+            .entry(format!("{object}#{kind}"))
+            .or_insert_with(|| (status.clone(), now));
+        if entry.0 != status {
+            *entry = (status.clone(), now);
+        }
+        Condition {
+            type_: kind.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message,
+            last_transition_time: time(entry.1),
+            observed_generation: generation,
+        }
+    }
+}
+
+/// One object's computed status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Named<S> {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Status in the CRD shape.
+    pub status: S,
+}
+
+/// Everything `GET /status` returns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusDocument {
+    /// LLMProviders.
+    pub providers: Vec<Named<LLMProviderStatus>>,
+    /// RoutingPolicies.
+    pub policies: Vec<Named<RoutingPolicyStatus>>,
+    /// TenantQuotas.
+    pub tenants: Vec<Named<TenantQuotaStatus>>,
+    /// Configuration problems that did not stop serving (e.g. an invalid reload).
+    pub messages: Vec<String>,
+}
+
+/// Computes the status of every resource now.
+pub fn snapshot(app: &App) -> StatusDocument {
+    let live = app.runtime.live();
+    let now = app.clock.wall();
+    let t = &app.transitions;
+    let providers = live
+        .table
+        .providers
+        .iter()
+        .zip(&live.providers)
+        .map(|(p, s)| {
+            let availability = s.availability();
+            let window = s.last_window();
+            let ready = match &p.client {
+                Ok(_) => t.condition(
+                    &p.key,
+                    condition::READY,
+                    true,
+                    reason::RECONCILED,
+                    "serving".to_owned(),
+                    p.generation,
+                    now,
+                ),
+                Err(why) => {
+                    let r = if why.contains("secret") {
+                        reason::SECRET_UNAVAILABLE
+                    } else {
+                        reason::INVALID_SPEC
+                    };
+                    t.condition(
+                        &p.key,
+                        condition::READY,
+                        false,
+                        r,
+                        why.clone(),
+                        p.generation,
+                        now,
+                    )
+                }
+            };
+            let degraded = availability < DEGRADED_BELOW;
+            let degraded = t.condition(
+                &p.key,
+                condition::DEGRADED,
+                degraded,
+                if degraded {
+                    reason::LOW_AVAILABILITY
+                } else {
+                    reason::RECOVERED
+                },
+                format!("availability {availability:.3}"),
+                p.generation,
+                now,
+            );
+            Named {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                status: LLMProviderStatus {
+                    availability: Some(availability),
+                    last_window: window.report.map(|r| WindowStatus {
+                        successes: window.successes,
+                        errors: window.errors,
+                        score: r.score,
+                    }),
+                    health: Vec::new(),
+                    last_update_time: window.report.map(|_| time(now)),
+                    conditions: vec![ready, degraded],
+                    observed_generation: p.generation,
+                },
+            }
+        })
+        .collect();
+    let policies = live
+        .table
+        .routes
+        .iter()
+        .zip(&live.routes)
+        .map(|(r, s)| {
+            let weights = s.weights.load();
+            let entries: Vec<ProviderWeight> = r
+                .providers
+                .iter()
+                .zip(&r.provider_names)
+                .enumerate()
+                .map(|(i, (rp, name))| ProviderWeight {
+                    name: name.clone(),
+                    availability: live
+                        .providers
+                        .get(rp.index)
+                        .map_or(0.0, |p| p.availability()),
+                    weight: weights.get(i).copied().unwrap_or(0.0),
+                    eligible: rp.ineligible.is_none(),
+                    reason: rp.ineligible.clone(),
+                })
+                .collect();
+            let usable = entries.iter().filter(|e| e.eligible).count();
+            let ready = if usable > 0 {
+                t.condition(
+                    &r.key,
+                    condition::READY,
+                    true,
+                    reason::RECONCILED,
+                    format!("{usable} of {} providers eligible", entries.len()),
+                    r.generation,
+                    now,
+                )
+            } else {
+                t.condition(
+                    &r.key,
+                    condition::READY,
+                    false,
+                    reason::INVALID_SPEC,
+                    "no eligible provider".to_owned(),
+                    r.generation,
+                    now,
+                )
+            };
+            let best = entries
+                .iter()
+                .filter(|e| e.eligible)
+                .map(|e| e.availability)
+                .fold(0.0, f64::max);
+            let degraded = best < DEGRADED_BELOW;
+            let degraded = t.condition(
+                &r.key,
+                condition::DEGRADED,
+                degraded,
+                if degraded {
+                    reason::LOW_AVAILABILITY
+                } else {
+                    reason::RECOVERED
+                },
+                format!("best provider availability {best:.3}"),
+                r.generation,
+                now,
+            );
+            let computed = *lock(&s.computed_at);
+            Named {
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                status: RoutingPolicyStatus {
+                    providers: entries,
+                    last_update_time: computed.map(time),
+                    conditions: vec![ready, degraded],
+                    observed_generation: r.generation,
+                },
+            }
+        })
+        .collect();
+    let tenants = live
+        .table
+        .tenants
+        .iter()
+        .map(|tenant| {
+            let ready = if tenant.key_problems.is_empty() {
+                t.condition(
+                    &tenant.key,
+                    condition::READY,
+                    true,
+                    reason::RECONCILED,
+                    "keys resolved".to_owned(),
+                    tenant.generation,
+                    now,
+                )
+            } else {
+                t.condition(
+                    &tenant.key,
+                    condition::READY,
+                    false,
+                    reason::SECRET_UNAVAILABLE,
+                    tenant.key_problems.join("; "),
+                    tenant.generation,
+                    now,
+                )
+            };
+            let (namespace, name) = tenant
+                .key
+                .split_once('/')
+                .unwrap_or(("default", &tenant.key));
+            Named {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                status: TenantQuotaStatus {
+                    conditions: vec![ready],
+                    observed_generation: tenant.generation,
+                    ..TenantQuotaStatus::default()
+                },
+            }
+        })
+        .collect();
+    let mut messages = live.table.warnings.clone();
+    messages.extend(lock(&app.config_messages).iter().cloned());
+    StatusDocument {
+        providers,
+        policies,
+        tenants,
+        messages,
+    }
+}
+
+fn cond<'a>(conditions: &'a [Condition], kind: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == kind)
+}
+
+/// Renders a status document as the tables `switchyard status` prints.
+pub fn render_table(doc: &StatusDocument) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "LLMPROVIDERS");
+    let _ = writeln!(
+        out,
+        "{:<32} {:<6} {:>12} {:>9} {:>7}  STATUS",
+        "NAME", "READY", "AVAILABILITY", "SUCCESSES", "ERRORS"
+    );
+    for p in &doc.providers {
+        let ready = cond(&p.status.conditions, condition::READY);
+        let w = p.status.last_window.clone().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:<32} {:<6} {:>12.3} {:>9} {:>7}  {}",
+            format!("{}/{}", p.namespace, p.name),
+            ready.map_or("?", |c| c.status.as_str()),
+            p.status.availability.unwrap_or(1.0),
+            w.successes,
+            w.errors,
+            ready.map_or("", |c| c.message.as_str()),
+        );
+    }
+    let _ = writeln!(out, "\nROUTINGPOLICIES");
+    let _ = writeln!(
+        out,
+        "{:<32} {:<6} WEIGHTS (provider=weight/availability)",
+        "NAME", "READY"
+    );
+    for r in &doc.policies {
+        let ready = cond(&r.status.conditions, condition::READY);
+        let weights: Vec<String> = r
+            .status
+            .providers
+            .iter()
+            .map(|p| {
+                if p.eligible {
+                    format!("{}={:.3}/{:.3}", p.name, p.weight, p.availability)
+                } else {
+                    format!("{}=ineligible", p.name)
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<32} {:<6} {}",
+            format!("{}/{}", r.namespace, r.name),
+            ready.map_or("?", |c| c.status.as_str()),
+            weights.join(" ")
+        );
+    }
+    let _ = writeln!(out, "\nTENANTQUOTAS");
+    let _ = writeln!(out, "{:<32} {:<6} STATUS", "NAME", "READY");
+    for t in &doc.tenants {
+        let ready = cond(&t.status.conditions, condition::READY);
+        let _ = writeln!(
+            out,
+            "{:<32} {:<6} {}",
+            format!("{}/{}", t.namespace, t.name),
+            ready.map_or("?", |c| c.status.as_str()),
+            ready.map_or("", |c| c.message.as_str())
+        );
+    }
+    if !doc.messages.is_empty() {
+        let _ = writeln!(out, "\nMESSAGES");
+        for m in &doc.messages {
+            let _ = writeln!(out, "  {m}");
+        }
+    }
+    out
+}
