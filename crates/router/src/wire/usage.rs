@@ -15,7 +15,9 @@
 //! replace earlier ones); OpenAI reports once, in the usage-only chunk before `[DONE]`; Gemini
 //! repeats `usageMetadata` on chunks, the last one being final. When a stream ends without any
 //! usage report the record is [`UsageSource::Estimated`] from the router's estimate and the
-//! text actually delivered, never zero (field case 15).
+//! text actually delivered, never zero (field case 15); when it is cut after Anthropic's
+//! opening counts but before the final ones (client hung up, case 17a), input stays exact and
+//! output is estimated from the delivered text (4 bytes per token).
 //!
 //! Cost ([`cost_micro_usd`]) is `Σ tokens × price per million tokens`, computed exactly in
 //! integers and rounded *up* once to whole micro-USD, so it is identical however the same
@@ -163,6 +165,9 @@ pub struct GeminiUsageMetadata {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StreamUsage {
     reported: Option<NormalizedUsage>,
+    /// The report seen is the final one (OpenAI usage chunk, Anthropic `message_delta`,
+    /// any Gemini report), not only Anthropic's opening `message_start` counts.
+    final_seen: bool,
     /// Bytes of text and tool arguments seen in content deltas, for the output estimate
     /// when the stream ends (or is cut) before usage is reported.
     delivered_bytes: u64,
@@ -190,6 +195,7 @@ impl StreamUsage {
         }
         if let Some(u) = &chunk.usage {
             self.reported = Some(NormalizedUsage::from_openai(u));
+            self.final_seen = true;
         }
     }
 
@@ -216,6 +222,7 @@ impl StreamUsage {
                 if let Some(v) = u.output_tokens {
                     base.output = v;
                 }
+                self.final_seen = true;
             }
             anthropic::StreamEvent::ContentBlockDelta { delta, .. } => {
                 let n = match delta {
@@ -233,6 +240,7 @@ impl StreamUsage {
     /// Observes one Gemini `usageMetadata` (each report supersedes the previous one).
     pub fn observe_gemini(&mut self, meta: &GeminiUsageMetadata) {
         self.reported = Some(NormalizedUsage::from_gemini(meta));
+        self.final_seen = true;
     }
 
     /// The usage reported so far, if any.
@@ -245,18 +253,31 @@ impl StreamUsage {
         self.delivered_bytes
     }
 
-    /// Final usage: the reported one, else an estimate with `estimated_input` input tokens
-    /// (from the router's estimator) and output from the delivered bytes, at least 1 token,
-    /// so an unreported stream is never recorded as zero (field case 15).
+    /// Whether the final usage report was seen (the stream was not cut before it).
+    pub fn is_final(&self) -> bool {
+        self.final_seen
+    }
+
+    /// Usage to record when the stream is over, however it ended:
+    /// - final report seen → that report, as reported (even 0/0, field case 17c);
+    /// - only Anthropic's opening counts seen (stream cut, e.g. the client hung up, case 17a)
+    ///   → the exact input and cache counts, output = max(reported, estimate from the
+    ///   delivered bytes), marked [`UsageSource::Estimated`];
+    /// - nothing reported → `estimated_input` (the router's estimate, at least 1) and the
+    ///   delivered-bytes output estimate (at least 1), marked estimated: never zero (case 15).
     pub fn finish(&self, estimated_input: u64) -> NormalizedUsage {
+        let estimated_output = self
+            .delivered_bytes
+            .div_ceil(BYTES_PER_TOKEN_ESTIMATE)
+            .max(1);
         match self.reported {
-            Some(u) => u,
-            None => NormalizedUsage::estimated(
-                estimated_input.max(1),
-                self.delivered_bytes
-                    .div_ceil(BYTES_PER_TOKEN_ESTIMATE)
-                    .max(1),
-            ),
+            Some(u) if self.final_seen => u,
+            Some(u) => NormalizedUsage {
+                output: u.output.max(estimated_output),
+                source: UsageSource::Estimated,
+                ..u
+            },
+            None => NormalizedUsage::estimated(estimated_input.max(1), estimated_output),
         }
     }
 }
@@ -322,6 +343,29 @@ mod tests {
             cache_write: 3_750_000,
         };
         assert_eq!(cost_micro_usd(&usage, &pricing), 4);
+    }
+
+    #[test]
+    fn finish_anthropic_cut_after_start_keeps_input_and_estimates_output() {
+        let mut s = StreamUsage::new();
+        let start: anthropic::StreamEvent = serde_json::from_value(serde_json::json!({
+            "type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
+            "model": "x", "content": [], "usage": {"input_tokens": 1200, "output_tokens": 1}}}))
+        .unwrap();
+        s.observe_anthropic(&start);
+        for _ in 0..400 {
+            let delta: anthropic::StreamEvent = serde_json::from_value(serde_json::json!({
+                "type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "word"}}))
+            .unwrap();
+            s.observe_anthropic(&delta);
+        }
+        assert!(!s.is_final());
+        let u = s.finish(5);
+        assert_eq!(
+            (u.input_uncached, u.output, u.source),
+            (1200, 400, UsageSource::Estimated)
+        );
     }
 
     #[test]
