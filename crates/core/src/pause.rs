@@ -450,7 +450,9 @@ pub enum RetryDecision {
     /// Try the next provider in the chain now.
     NextProvider,
     /// Return the failure to the client, with this `Retry-After` (if any): at least the
-    /// provider's remaining advertised wait.
+    /// provider's remaining advertised wait (for policy answers, the bounded scope pause rather
+    /// than a multi-week hint). The router may lower it when another provider of the route
+    /// will be back sooner.
     GiveUp {
         /// `Retry-After` for the client.
         retry_after: Option<Duration>,
@@ -476,10 +478,14 @@ pub fn next_attempt(
     rng: &mut impl Rng,
 ) -> RetryDecision {
     let paused_left = ctx.scope_paused_until.map(|u| u.saturating_since(ctx.now));
-    let advertised = [c.retry_after, c.pause, paused_left]
-        .into_iter()
-        .flatten()
-        .max();
+    // A policy hint can be weeks (case 3d); the client hears the bounded scope pause instead,
+    // since the route may serve again through another provider long before that.
+    let hint = if c.class == ErrorClass::Policy {
+        None
+    } else {
+        c.retry_after
+    };
+    let advertised = [hint, c.pause, paused_left].into_iter().flatten().max();
     if c.class == ErrorClass::Request {
         return RetryDecision::GiveUp { retry_after: None };
     }

@@ -496,3 +496,19 @@ fn admit_group_probe_closes_siblings() {
     p.probe_succeeded(&["P-A1", "group-a"]);
     assert_eq!(p.admit(&["P-A2", "group-a"], at(20.2)), Admission::Open);
 }
+
+#[test]
+fn next_attempt_policy_give_up_advertises_bounded_pause_not_weeks() {
+    let c = Classification {
+        retry_after: Some(secs(1_209_600)),
+        pause: Some(secs(86_400)),
+        ..Classification::new(ErrorClass::Policy)
+    };
+    let d = next_attempt(&RetryPolicy::default(), &c, &ctx(0.0, 60.0), &mut rng());
+    assert_eq!(
+        d,
+        RetryDecision::GiveUp {
+            retry_after: Some(secs(86_400))
+        }
+    );
+}
