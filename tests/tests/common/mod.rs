@@ -170,7 +170,8 @@ pub(crate) struct Policy {
 impl Policy {
     /// A chat policy named like its model, affinity from `x-project-id`.
     pub(crate) fn chat(model: &str, providers: &[&str]) -> Self {
-        Self::new(model, "chat", providers).with(&format!("affinity: {{header: {PROJECT_HEADER}}}"))
+        Self::new(model, "chat", providers)
+            .set("affinity", &format!("{{header: {PROJECT_HEADER}}}"))
     }
 
     /// An embedding policy (default strategy: power of two choices).
@@ -196,6 +197,14 @@ impl Policy {
     /// Adds a YAML line under `spec:`.
     pub(crate) fn with(mut self, line: &str) -> Self {
         self.extra.push(line.to_owned());
+        self
+    }
+
+    /// Sets `key: value` under `spec:`, replacing an earlier line for the same key.
+    pub(crate) fn set(mut self, key: &str, value: &str) -> Self {
+        let prefix = format!("{key}:");
+        self.extra.retain(|l| !l.starts_with(&prefix));
+        self.extra.push(format!("{key}: {value}"));
         self
     }
 }
