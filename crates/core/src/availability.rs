@@ -40,25 +40,36 @@
 //!
 //! **Gain schedule** `g`: 1 when the score is negative (the excess error rate is itself a
 //! proportional measure); `ramp_start` when the score is positive but the window had errors;
-//! `ramp_start · ramp_growth^(n−1)` (capped at 1) on the `n`-th consecutive window without any
-//! provider error. The positive side of `e` is a relay (it jumps from ≈0 to 1 as soon as a window
-//! happens to have no errors), so a provider running at its capacity sees noisy positive kicks; a
-//! small `ramp_start` keeps those kicks small, while a provider that stays clean (recovered, or
-//! idle) ramps up geometrically. This is the standard gain-scheduling remedy for a plant whose
-//! gain differs by orders of magnitude between operating regions.
+//! on the `n`-th consecutive window without any provider error,
+//! `clamp(ramp_start · ramp_growth^(n−1), ramp_start, ceiling)`, where the ceiling is `depth`,
+//! the magnitude of the last negative error signal (1 before any trouble), for the first
+//! `ramp_patience` clean windows and then grows by `ramp_growth` per window. The positive side of `e` is a relay (it
+//! jumps from ≈0 to 1 as soon as a window happens to have no errors), so a provider running at
+//! its capacity sees noisy positive kicks; a small `ramp_start` keeps those kicks small. A
+//! provider that stays clean ramps up geometrically, but only as far as its last trouble was deep:
+//! one that failed outright (depth ≈ 1) and came back is trusted again within a few intervals,
+//! while one that was only overflowing by a few percent (depth ≈ 0.05) is probed upward at about
+//! `ki × depth` per interval, so a lucky run of error-free windows at capacity does not fling it
+//! far past its capacity; if it stays clean longer than `ramp_patience` windows (its capacity
+//! grew), the ceiling lifts and it reaches 1 a few windows later. This is gain scheduling, the standard remedy for a plant whose gain
+//! differs by orders of magnitude between operating regions.
 //!
-//! **Defaults** (kp 0.05, ki 0.45, kd 0, limit 1, ramp 0.03 × 3.5ⁿ), chosen by simulating a
+//! **Defaults** (kp 0.05, ki 0.45, kd 0, limit 1, ramp 0.03 × 3.5ⁿ, patience 4), chosen by simulating a
 //! provider whose traffic share is `a` (as in the priority cascade) against scripted plants:
 //! - total failure: `e ≈ −1` gives `a = 1 − kp − ki ≈ 0.5` after one interval and
 //!   `1 − kp − 2ki ≈ 0.05` after two (requirement: < 0.1 within 2 intervals);
-//! - recovery from 0 (idle, then clean traffic): 0.08, 0.22, 0.61, 1.0 → ≥ 0.9 within 5
-//!   intervals (the gain ramps 0.03, 0.1, 0.37, 1);
+//! - recovery after an outage (idle at 0, then clean traffic): 0.015, 0.07, 0.24, 0.72, 1.0
+//!   → ≥ 0.9 within 5 intervals (the gain ramps 0.03, 0.1, 0.37, 1);
 //! - overflow at capacity `c` of demand (fluid model): converges from above without crossing, to
 //!   `a* = c·(1+K)/K` (e.g. 0.603 for 60 %), where the window error rate equals the target; the
 //!   approach contracts by about `1 − ki/a` per interval;
 //! - with Poisson arrivals against a hard capacity of 60 % of demand the steady-state spread is
-//!   noise-driven: ≈ 0.05 peak-to-peak at 20 000 requests per interval, ≈ 0.13 at 2 000
-//!   (the window's error count then swings between 0 and ~3 % of traffic).
+//!   noise-driven, not a limit cycle: ≈ 0.03 peak-to-peak at 20 000 requests per interval,
+//!   0.07–0.12 at 2 000 (the window's error count then swings between 0 and ~3 % of traffic);
+//! - in a closed loop with sticky chains, pins and failover (a 429 moves the project to the
+//!   next provider), a provider with capacity for 60 % of demand wanders within ≈ 0.08–0.12
+//!   peak-to-peak over 60 intervals (prototype simulation; the simulator crate measures the
+//!   real thing). Without the depth ceiling the same loop swung by 0.2–0.35.
 //!
 //! `kd = 0`: the plant has no inertia to damp (a weight change takes effect in the next window),
 //! and a derivative would only amplify count noise. `kp` is small because the P term is the part
@@ -91,11 +102,14 @@ pub struct ControllerConfig {
     /// Factor by which the gain grows with each further consecutive error-free window (capped
     /// at 1).
     pub ramp_growth: f64,
+    /// Error-free windows during which the ramp stays below the depth of the last trouble
+    /// (see the module docs); afterwards the ceiling grows by `ramp_growth` per window.
+    pub ramp_patience: u32,
 }
 
 impl Default for ControllerConfig {
-    /// Target 0.5 %, kp 0.05, ki 0.45, kd 0, integral limit 1, ramp 0.03 × 3.5ⁿ. See the module
-    /// docs for the simulation behind these numbers.
+    /// Target 0.5 %, kp 0.05, ki 0.45, kd 0, integral limit 1, ramp 0.03 × 3.5ⁿ with a patience
+    /// of 4 windows. See the module docs for the simulation behind these numbers.
     fn default() -> Self {
         ControllerConfig {
             target_error_rate: 0.005,
@@ -105,6 +119,7 @@ impl Default for ControllerConfig {
             integral_limit: 1.0,
             ramp_start: 0.03,
             ramp_growth: 3.5,
+            ramp_patience: 4,
         }
     }
 }
@@ -146,6 +161,8 @@ pub struct AvailabilityController {
     previous: f64,
     /// Consecutive error-free windows so far.
     clean_run: u32,
+    /// Magnitude of the last negative error signal: the ceiling of the clean-window ramp.
+    depth: f64,
 }
 
 /// Finite value or a fallback.
@@ -162,7 +179,8 @@ impl AvailabilityController {
     /// A controller resuming at availability `a` (e.g. from the last status written before an
     /// operator restart); `a` is clamped into `[0,1]`, NaN → 1. The integral state is set so the
     /// next step starts from `a` (with `ki = 0` the controller has no memory and `a` holds only
-    /// until the first step).
+    /// until the first step). Why `a` was low is not known, so the ramp ceiling starts at 1 (as
+    /// after an outage): a resumed provider that stays clean climbs back quickly.
     pub fn with_availability(cfg: ControllerConfig, a: f64) -> Self {
         let a = if a.is_nan() { 1.0 } else { a.clamp(0.0, 1.0) };
         let mut c = AvailabilityController {
@@ -171,6 +189,7 @@ impl AvailabilityController {
             integral: 0.0,
             previous: 0.0,
             clean_run: 0,
+            depth: 1.0,
         };
         let ki = c.ki();
         if ki > 0.0 {
@@ -233,12 +252,16 @@ impl AvailabilityController {
         let ramp_start = finite_or(self.cfg.ramp_start, 0.03).clamp(f64::MIN_POSITIVE, 1.0);
         let gain = if score < 0.0 {
             self.clean_run = 0;
+            self.depth = (-signal).clamp(ramp_start, 1.0);
             1.0
         } else if counts.provider_errors == 0 {
             self.clean_run = self.clean_run.saturating_add(1);
             let growth = finite_or(self.cfg.ramp_growth, 1.0).max(1.0);
             let exp = i32::try_from(self.clean_run - 1).unwrap_or(i32::MAX);
-            (ramp_start * growth.powi(exp)).min(1.0)
+            let lifted = self.clean_run.saturating_sub(self.cfg.ramp_patience);
+            let lifted = i32::try_from(lifted).unwrap_or(i32::MAX);
+            let ceiling = (self.depth * growth.powi(lifted)).min(1.0);
+            (ramp_start * growth.powi(exp)).min(ceiling).max(ramp_start)
         } else {
             self.clean_run = 0;
             ramp_start
@@ -337,8 +360,38 @@ mod tests {
             let offered = (c.availability() * demand).round() as u64;
             trace.push(c.step(counts(offered, 0)).availability);
         }
+        eprintln!("recovery: {trace:.3?}");
         assert!(trace.windows(2).all(|w| w[1] >= w[0]), "{trace:?}");
         assert!(trace[4] >= 0.9, "{trace:?}");
+    }
+
+    #[test]
+    fn controller_shallow_overflow_then_clean_run_climbs_gently() {
+        let mut c = AvailabilityController::new(ControllerConfig::default());
+        // Settle at a 60 % capacity (errors of a few percent on the way down).
+        for _ in 0..60 {
+            let w = overflow(c.availability(), 2_000.0, 1_200.0);
+            c.step(w);
+        }
+        let settled = c.availability();
+        // Then capacity triples: every window is clean. The climb is bounded by the depth of the
+        // last trouble (small), not the full ramp.
+        let mut trace = vec![settled];
+        for _ in 0..5 {
+            let w = overflow(c.availability(), 2_000.0, 10_000.0);
+            trace.push(c.step(w).availability);
+        }
+        let steps: Vec<f64> = trace.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            steps[..4].iter().all(|&d| (0.0..0.03).contains(&d)),
+            "{trace:?}"
+        );
+        // After `ramp_patience` clean windows the ceiling lifts: full availability soon after.
+        for _ in 0..3 {
+            let w = overflow(c.availability(), 2_000.0, 10_000.0);
+            trace.push(c.step(w).availability);
+        }
+        assert_eq!(c.availability(), 1.0, "{trace:?}");
     }
 
     #[test]
@@ -420,10 +473,12 @@ mod tests {
     fn controller_noisy_overflow_spread_bounded() {
         for seed in 1..=3 {
             let pp = noisy_overflow_peak_to_peak(20_000.0, seed);
-            assert!(pp < 0.1, "seed {seed}: p-p {pp}");
-            // Ten times less traffic: noisier, still no runaway.
+            eprintln!("seed {seed}: p-p {pp:.3} at 20 000 requests per interval");
+            assert!(pp < 0.06, "seed {seed}: p-p {pp}");
+            // Ten times less traffic: noisier, still within the 0.1 bound.
             let pp = noisy_overflow_peak_to_peak(2_000.0, seed);
-            assert!(pp < 0.2, "seed {seed}: p-p {pp}");
+            eprintln!("seed {seed}: p-p {pp:.3} at 2 000 requests per interval");
+            assert!(pp < 0.1, "seed {seed}: p-p {pp}");
         }
     }
 
@@ -467,6 +522,7 @@ mod tests {
             integral_limit: f64::NAN,
             ramp_start: f64::NAN,
             ramp_growth: f64::NEG_INFINITY,
+            ramp_patience: u32::MAX,
         };
         let mut c = AvailabilityController::new(cfg);
         for w in [
