@@ -384,8 +384,9 @@ impl PausePolicy {
     ///
     /// Capacity and overload use the classification's pause (the provider's hint) or the
     /// default cooldown; policy uses the classification's long pause. Jitter is added on top
-    /// and the result is capped at `max_pause` (the cap never lowers a pause below the hint
-    /// unless the hint itself exceeds `max_pause`).
+    /// and the result is capped at `max_pause`, an operator bound that wins over any hint (with
+    /// the default 24 h it only trims jitter off a policy pause that is already 24 h: capacity
+    /// hints of an hour or more are classified as policy).
     pub fn scope_pause(&self, c: &Classification, rng: &mut impl Rng) -> Option<Duration> {
         let base = match c.class {
             ErrorClass::Capacity => c.pause.unwrap_or(self.default_cooldown),
@@ -393,7 +394,7 @@ impl PausePolicy {
             ErrorClass::Policy => c.pause.unwrap_or(crate::classify::POLICY_MIN_PAUSE),
             _ => return None,
         };
-        Some(self.jitter.apply(base, rng).min(self.max_pause.max(base)))
+        Some(self.jitter.apply(base, rng).min(self.max_pause))
     }
 }
 
