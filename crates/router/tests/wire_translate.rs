@@ -744,3 +744,29 @@ fn stream_finish_without_stop_marker_is_truncated_every_mode() {
         assert!(!t.is_finished() && !t.is_errored());
     }
 }
+
+#[test]
+fn openai_to_anthropic_request_empty_text_is_left_out() {
+    let req = oa_req(json!({"model": "m", "messages": [
+        {"role": "system", "content": ""},
+        {"role": "user", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "hi"}]},
+        {"role": "user", "content": ""}
+    ]}));
+    let t = openai_to_anthropic_request(req, OPTS).unwrap();
+    assert_eq!(t.value.system, None);
+    assert_eq!(
+        serde_json::to_value(&t.value.messages).unwrap(),
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    );
+}
+
+#[test]
+fn anthropic_to_openai_request_image_in_tool_result_is_unsupported() {
+    let req = an_req(json!({"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}]}]}]}));
+    match anthropic_to_openai_request(req) {
+        Err(TranslateError::Unsupported(m)) => assert!(m.contains("image"), "{m}"),
+        other => panic!("expected unsupported, got {other:?}"),
+    }
+}

@@ -117,7 +117,10 @@ pub fn openai_to_anthropic_request(
                         text
                     }
                 };
-                system.push(anthropic::ContentBlock::text(text));
+                // Anthropic rejects empty text blocks; an empty system message says nothing.
+                if !text.is_empty() {
+                    system.push(anthropic::ContentBlock::text(text));
+                }
             }
             openai::Role::User => {
                 let blocks = match msg.content {
@@ -242,10 +245,15 @@ fn part_type(part: &openai::ContentPart) -> String {
 fn user_content_to_blocks(
     content: openai::MessageContent,
 ) -> Result<Vec<anthropic::ContentBlock>, TranslateError> {
+    // Anthropic rejects empty text blocks, so empty text is left out (it carries nothing).
     match content {
+        openai::MessageContent::Text(t) if t.is_empty() => Ok(Vec::new()),
         openai::MessageContent::Text(t) => Ok(vec![anthropic::ContentBlock::text(t)]),
         openai::MessageContent::Parts(parts) => parts
             .into_iter()
+            .filter(|part| {
+                !matches!(part, openai::ContentPart::Known(openai::KnownPart::Text { text, .. }) if text.is_empty())
+            })
             .map(|part| match part {
                 openai::ContentPart::Known(openai::KnownPart::Text { text, .. }) => {
                     Ok(anthropic::ContentBlock::text(text))
@@ -586,6 +594,16 @@ fn user_turn_to_openai(
                 content,
                 ..
             }) => {
+                // OpenAI tool messages carry text only; an image in a tool result would be
+                // lost, so it is refused rather than dropped.
+                if let Some(anthropic::ToolResultContent::Blocks(blocks)) = &content
+                    && let Some(other) = blocks.iter().find(|b| b.as_text().is_none())
+                {
+                    return Err(TranslateError::Unsupported(format!(
+                        "tool_result content block of type {}",
+                        block_type(other)
+                    )));
+                }
                 let mut msg = openai::ChatMessage::text(
                     openai::Role::Tool,
                     content.map(|c| c.joined_text()).unwrap_or_default(),
