@@ -53,6 +53,16 @@ enum Command {
     },
     /// Run mock LLM providers (OpenAI and Anthropic wire formats, fault injection).
     MockProvider(switchyard_mock::MockArgs),
+    /// Run scenarios in virtual time with Switchyard's strategy and the baselines (ordered
+    /// fallback, round robin, p2c); writes CSV time series, one SVG chart per run and a summary.
+    Simulate {
+        /// Scenario files (YAML), e.g. `config/scenarios/*.yaml`.
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+        /// Output folder.
+        #[arg(long, default_value = "out/sim")]
+        out: PathBuf,
+    },
     /// Write the CustomResourceDefinitions generated from the Rust types.
     Crdgen {
         /// Folder to write `*.yaml` into.
@@ -97,6 +107,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Crdgen { out_dir } => crdgen::write(&out_dir)
             .with_context(|| format!("failed to write CRDs to {}", out_dir.display())),
         Command::Validate { manifests } => validate(&manifests),
+        Command::Simulate { scenarios, out } => simulate(&scenarios, &out),
         Command::MockProvider(args) => runtime()?.block_on(switchyard_mock::run(args)),
         Command::Status { url, json } => runtime()?.block_on(status(&url, json)),
         Command::Standalone {
@@ -162,6 +173,25 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
     {
         println!("{text}");
     }
+    Ok(())
+}
+
+fn simulate(scenarios: &[PathBuf], out: &std::path::Path) -> anyhow::Result<()> {
+    let reports =
+        switchyard_sim::run_scenario_files(scenarios, out).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for report in &reports {
+        eprintln!(
+            "{}: {} strategies simulated",
+            report.scenario,
+            report.runs.len()
+        );
+    }
+    let summary = out.join("summary.md");
+    eprintln!(
+        "wrote {} (and CSV + SVG per run under {})",
+        summary.display(),
+        out.display()
+    );
     Ok(())
 }
 
