@@ -13,9 +13,59 @@
 //!   `GET /admin/stats` ([`Stats`]), `GET /admin/calls` ([`CallRecord`]s), `POST /admin/reset`.
 //!
 //! Each response is deterministic: the answer is `token0 token1 ...` (config `output_tokens`,
-//! capped by `max_tokens`), token counts follow [`count_tokens`], the prompt cache follows
-//! [`cache`](crate::cache) rules, and faults follow a seeded RNG. Timing is real (tokio time):
-//! `latency_ms`, `ttft_ms`, `tokens_per_sec`.
+//! capped by `max_tokens`), token counts follow [`count_tokens`], and faults follow a seeded
+//! RNG. Timing is real tokio time (so paused-time tests drive it too): headers at `latency_ms`,
+//! first content token at `ttft_ms`, then one token per `1/tokens_per_sec` s.
+//!
+//! # Prompt cache
+//!
+//! One cache per mock, keyed by a hash chain over the prompt's segments (tools, system,
+//! messages/blocks) and the model. OpenAI-style endpoints cache automatically: the longest
+//! previously seen prefix within `cache_ttl` is reported as `prompt_tokens_details.cached_tokens`
+//! (or `cachedContentTokenCount`), and every prefix of the request is stored. The Anthropic
+//! endpoint caches only at `cache_control` breakpoints (TTL from `ttl: "5m" | "1h"` or
+//! `cache_ttl`): read = longest stored prefix up to the last breakpoint
+//! (`cache_read_input_tokens`), write = the rest up to that breakpoint
+//! (`cache_creation_input_tokens`), `input_tokens` = the remainder. A hit refreshes the TTL.
+
+//! # Config (YAML, also accepted as JSON by `POST /admin/faults` for the `faults` part)
+//!
+//! ```yaml
+//! mocks:                      # or a bare list, or a single mock's fields at top level
+//!   - name: p-a
+//!     listen: 127.0.0.1:9001  # default 127.0.0.1:0 in-process; 127.0.0.1:9001 for a lone CLI mock
+//!     output_tokens: 64       # answer length in tokens, capped by max_tokens
+//!     tokens_per_sec: 50      # stream pace; 0 = all at once
+//!     latency_ms: 20          # before response headers
+//!     ttft_ms: 300            # request arrival -> first content token
+//!     cache_ttl: 5m           # prompt cache lifetime (refreshed on hit)
+//!     cache_min_tokens: 0     # automatic-cache floor (OpenAI's real one is 1024)
+//!     usage_style: openai     # or gemini (usageMetadata on /v1/chat/completions)
+//!     models: []              # empty = any model
+//!     api_keys: []            # empty = any key
+//!     project_header: x-project-id
+//!     embedding_dimensions: 8
+//!     rate_limits: { requests_per_minute: 10000, tokens_per_minute: 2000000, enforce: false }
+//!     faults:
+//!       seed: 1
+//!       origin: installed     # or first_request: where rule windows count from
+//!       fail_all: null        # a Fault: every request meets it
+//!       error_rate: { fraction: 0.05, fault: { kind: server_error } }
+//!       rules:
+//!         - { kind: rate_limited, retry_after: 5, when: { next: 1 } }
+//!         - { kind: rate_limited, retry_after: 15, http_date: true, when: { next: 1 } }
+//!         - { kind: rate_limited, reset_requests: 1m30s, when: { next: 1 } }
+//!         - { kind: overloaded, when: { from: 0s, until: 20s, paths: [/v1/messages] } }
+//!         - { kind: latency, ms: 200, when: { probability: 0.1 } }
+//!         - { kind: cut_mid_stream, after_deltas: 20, when: { stream: true, skip: 5, next: 1 } }
+//! ```
+//!
+//! Fault kinds ([`Fault`]): `rate_limited`, `insufficient_quota`, `usage_limit`,
+//! `payment_required`, `service_unavailable`, `overloaded`, `server_error`, `invalid_parameter`,
+//! `status` (any status/type/code/headers), `latency` and `slow_first_token` (modifiers that
+//! stack), `stream_error_before_content`, `cut_mid_stream`, `reset_before_response`,
+//! `hang_after_headers`, `hang_keep_alive`, `hang_no_headers`, `report_usage`, `omit_usage`.
+//! Every rule may also carry `delay_ms` (extra delay before headers when it fires).
 //!
 //! Rejected alternatives: wiremock-style canned responses (cannot stream at a pace, count
 //! tokens or simulate a prompt cache) and recording real vendor traffic (not reproducible, needs
