@@ -82,9 +82,9 @@ fn case24_p2c_even_split_honest_in_flight() {
             o => p2c.on_finish(i, t, t.saturating_since(started), o == Outcome::Ok),
         }
     }
-    for i in 0..4 {
+    for (i, &count) in per_provider.iter().enumerate() {
         assert_eq!(p2c.in_flight(i), 0, "provider {i} after drain");
-        let share = per_provider[i] as f64 / total_requests as f64;
+        let share = count as f64 / total_requests as f64;
         assert!((0.20..=0.30).contains(&share), "provider {i}: {share:.3}");
     }
     for (m, bucket) in per_minute.iter().enumerate() {
