@@ -37,9 +37,10 @@
 //!    `ThrottlingException`), only per-day wording ("per day", "daily", "(RPD)", "(TPD)")
 //!    turns it into policy; the full phrase list applies to bare statuses and to request/auth
 //!    answers.
-//! 4. **Hints and pause.** `retry_after` is the longest of the header hint
-//!    ([`crate::retry_after::retry_after`]) and the body hint (Gemini `RetryInfo`, "try again
-//!    in 20s"); for policy answers a reset date in the message ("until 2026-12-14") counts too.
+//! 4. **Hints and pause.** `retry_after` is the longest explicit hint (`retry-after`,
+//!    `retry-after-ms`, Gemini `RetryInfo`, "try again in 20s"), else the longest credible
+//!    vendor reset header (see [`crate::retry_after`], "Combining"); for policy answers a reset
+//!    date in the message ("until 2026-12-14") counts too.
 //!    `pause` is the suggested pause for the provider scope: the hint for capacity/overload;
 //!    for policy, the hint clamped to [[`POLICY_MIN_PAUSE`], [`POLICY_MAX_PAUSE`]] (10 min to
 //!    24 h); nothing for other classes (the breaker and availability controller handle them).
@@ -65,7 +66,9 @@ use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::retry_after::{reset_date_in_message, retry_after, retry_hint_from_body};
+use crate::retry_after::{
+    explicit_retry_after, rate_limit_reset, reset_date_in_message, retry_hint_from_body,
+};
 
 /// A retry hint at least this long on a 429/503 means exhaustion, not a transient limit: no
 /// interactive request waits an hour, and windows that long are daily/monthly quotas.
@@ -323,9 +326,13 @@ pub fn classify_response(
     if facts.message.is_none() && json.is_none() {
         facts.message = plain_text_message(body);
     }
-    let header_hint = retry_after(headers, now_wall);
-    let body_hint = json.as_ref().and_then(retry_hint_from_body);
-    let hint = max_opt(header_hint, body_hint);
+    // Explicit hints (headers and body) first; vendor resets only when there is none
+    // (`crate::retry_after` module docs, "Combining").
+    let explicit = max_opt(
+        explicit_retry_after(headers, now_wall),
+        json.as_ref().and_then(retry_hint_from_body),
+    );
+    let hint = explicit.or_else(|| rate_limit_reset(headers, now_wall));
     decide(Some(status.as_u16()), facts, hint, Some(now_wall))
 }
 

@@ -12,13 +12,18 @@
 //! | Gemini/Vertex body `error.details[@type=…RetryInfo].retryDelay` | protobuf JSON duration | `30s`, `1.5s` |
 //! | error message text                       | "try again in 20s", "retry in 1m30s", "in 500ms" | |
 //!
-//! **Combining.** [`retry_after`] returns the *longest credible* hint: DESIGN §4.4 treats a
-//! Retry-After as a lower bound, so when two sources disagree the later one is the only one that
-//! honours both. A vendor reset header is credible only when its dimension is actually exhausted:
-//! `x-ratelimit-reset-tokens: 6m0s` next to `x-ratelimit-remaining-tokens: 9000` describes when the
-//! token bucket will be *full again*, not when we may send, and taking it would over-pause a
-//! provider that refused us for a different dimension. So a reset header counts when its matching
-//! `remaining` header is absent, unparsable or zero.
+//! **Combining.** An *explicit* hint (`retry-after`, `retry-after-ms`, and in a body Gemini's
+//! `RetryInfo` or a "try again in" phrase) is the provider's own answer for this refusal, and
+//! the longest explicit hint wins: DESIGN §4.4 treats Retry-After as a lower bound, so when two
+//! explicit sources disagree only the later honours both. *Vendor reset headers* are used only
+//! when no explicit hint exists ([`retry_after`] = explicit, else resets), because they describe
+//! bucket state, not this refusal: `x-ratelimit-reset-requests` is the time until the bucket is
+//! back to *full*, which can be a minute when the next request fits in a second. Taking the
+//! longest of everything would turn a `Retry-After: 5` next to a full-window reset into a 60 s
+//! wait and break field case 1's +10 % bound. Among resets, one counts only when its dimension is
+//! actually exhausted: `x-ratelimit-reset-tokens: 6m0s` next to
+//! `x-ratelimit-remaining-tokens: 9000` is not why we were refused, so a reset header counts when
+//! its matching `remaining` header is absent, unparsable or zero; the longest such reset wins.
 //!
 //! **Only on error responses.** Reset headers ride on every success response too, where they
 //! are bucket-calibration data for the quota broker (DESIGN §3 step 8), not a request to back off.
@@ -63,46 +68,48 @@ fn remaining_header_for(name: &str) -> Option<String> {
     (name == "ratelimit-reset").then(|| "ratelimit-remaining".to_owned())
 }
 
-/// Reads every retry hint in `headers` and returns the longest credible one, capped at
-/// [`MAX_RETRY_HINT`].
+/// Reads the retry hints in `headers`: the explicit hint when there is one, else the vendor
+/// reset headers (module docs, "Combining"); capped at [`MAX_RETRY_HINT`].
 ///
 /// Meant for error responses only (see module docs). `now_wall` is the wall-clock time the
 /// response arrived, used to turn HTTP-dates and RFC 3339 reset timestamps into delays; a date in
 /// the past yields [`Duration::ZERO`] (the provider says "now", which is still a hint).
 /// Returns `None` when no header carries a parsable hint.
 pub fn retry_after(headers: &HeaderMap, now_wall: DateTime<Utc>) -> Option<Duration> {
-    let mut best: Option<Duration> = None;
-    let mut offer = |d: Option<Duration>| {
-        if let Some(d) = d {
-            best = Some(best.map_or(d, |b| b.max(d)));
-        }
-    };
+    explicit_retry_after(headers, now_wall).or_else(|| rate_limit_reset(headers, now_wall))
+}
 
-    for value in headers.get_all(http::header::RETRY_AFTER) {
-        offer(
-            value
-                .to_str()
+/// The longest explicit hint: `retry-after` (every occurrence) and `retry-after-ms`, capped at
+/// [`MAX_RETRY_HINT`]. `None` when neither parses.
+pub fn explicit_retry_after(headers: &HeaderMap, now_wall: DateTime<Utc>) -> Option<Duration> {
+    let seconds = headers
+        .get_all(http::header::RETRY_AFTER)
+        .into_iter()
+        .filter_map(|v| {
+            v.to_str()
                 .ok()
-                .and_then(|v| parse_retry_after_value(v, now_wall)),
-        );
-    }
-    for value in headers.get_all("retry-after-ms") {
-        offer(value.to_str().ok().and_then(parse_retry_after_ms));
-    }
-    for (name, value) in headers {
-        let Some(remaining) = remaining_header_for(name.as_str()) else {
-            continue;
-        };
-        if dimension_exhausted(headers, &remaining) {
-            offer(
-                value
-                    .to_str()
-                    .ok()
-                    .and_then(|v| parse_reset_value(v, now_wall)),
-            );
-        }
-    }
-    best.map(cap)
+                .and_then(|v| parse_retry_after_value(v, now_wall))
+        });
+    let millis = headers
+        .get_all("retry-after-ms")
+        .into_iter()
+        .filter_map(|v| v.to_str().ok().and_then(parse_retry_after_ms));
+    seconds.chain(millis).max().map(cap)
+}
+
+/// The longest credible vendor reset: every `x-ratelimit-reset[-*]`,
+/// `anthropic-ratelimit-*-reset` and `ratelimit-reset` header whose matching `remaining`
+/// header is absent, unparsable or zero; capped at [`MAX_RETRY_HINT`]. `None` when none counts.
+pub fn rate_limit_reset(headers: &HeaderMap, now_wall: DateTime<Utc>) -> Option<Duration> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            remaining_header_for(name.as_str())
+                .is_some_and(|remaining| dimension_exhausted(headers, &remaining))
+        })
+        .filter_map(|(_, v)| v.to_str().ok().and_then(|v| parse_reset_value(v, now_wall)))
+        .max()
+        .map(cap)
 }
 
 /// Parses one `Retry-After` value: delta-seconds (`"5"`, and the non-standard but common

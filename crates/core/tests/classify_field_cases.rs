@@ -166,6 +166,27 @@ fn case_01_each_retry_honours_its_own_retry_after() {
 }
 
 #[test]
+fn case_01_explicit_retry_after_wins_over_window_reset_headers() {
+    // Real providers (and the mock) also send the bucket's full-window reset on every 429.
+    let with_window = |s: u64| {
+        move |_: DateTime<Utc>| {
+            headers(&[
+                ("retry-after", s.to_string()),
+                ("x-ratelimit-remaining-requests", "0".to_owned()),
+                ("x-ratelimit-reset-requests", "59.75s".to_owned()),
+            ])
+        }
+    };
+    let r = replay_case_1(
+        secs(300),
+        &[&with_window(5), &with_window(15), &with_window(40)],
+        1,
+    );
+    assert_eq!(r.hints, [Some(secs(5)), Some(secs(15)), Some(secs(40))]);
+    assert_gaps(&r, &[secs(5), secs(15), secs(40)]);
+}
+
+#[test]
 fn case_01h_http_date_and_reset_headers_are_read() {
     let http_date_15s = |now: DateTime<Utc>| {
         // HTTP-dates have whole seconds; the provider rounds its own clock.

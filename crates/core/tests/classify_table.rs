@@ -260,6 +260,22 @@ fn classify_openai_shapes_table() {
             Some("billing_hard_limit_reached"),
         ),
         row(
+            "message hint beats a full-bucket reset header",
+            429,
+            vec![
+                ("x-ratelimit-remaining-tokens", "0"),
+                ("x-ratelimit-reset-tokens", "6m0s"),
+            ],
+            openai(
+                "Rate limit reached on tokens per min (TPM). Please try again in 20ms.",
+                "tokens",
+                Some("rate_limit_exceeded"),
+            ),
+            Capacity,
+            Some(Duration::from_millis(20)),
+            Some("rate_limit_exceeded"),
+        ),
+        row(
             "retry-after-ms only",
             429,
             vec![("retry-after-ms", "1500")],

@@ -9,9 +9,9 @@ use chrono::{DateTime, TimeZone, Utc};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::json;
 use switchyard_core::retry_after::{
-    MAX_RETRY_HINT, parse_go_duration, parse_reset_timestamp, parse_reset_value,
-    parse_retry_after_ms, parse_retry_after_value, reset_date_in_message, retry_after,
-    retry_hint_from_body, retry_hint_from_message,
+    MAX_RETRY_HINT, explicit_retry_after, parse_go_duration, parse_reset_timestamp,
+    parse_reset_value, parse_retry_after_ms, parse_retry_after_value, rate_limit_reset,
+    reset_date_in_message, retry_after, retry_hint_from_body, retry_hint_from_message,
 };
 
 fn now() -> DateTime<Utc> {
@@ -211,24 +211,23 @@ fn retry_after_headers_table_takes_longest_credible_hint() {
             want: Some(secs(90)),
         },
         Row {
-            name: "openai reset tokens exhausted beats retry-after",
+            name: "explicit retry-after wins over an exhausted dimension's reset",
             headers: vec![
                 ("retry-after", "1"),
                 ("x-ratelimit-remaining-tokens", "0"),
                 ("x-ratelimit-reset-tokens", "6m0s"),
             ],
-            want: Some(secs(360)),
+            want: Some(secs(1)),
         },
         Row {
             name: "reset of a dimension with room left is ignored",
             headers: vec![
-                ("retry-after", "1"),
                 ("x-ratelimit-remaining-requests", "0"),
                 ("x-ratelimit-reset-requests", "20ms"),
                 ("x-ratelimit-remaining-tokens", "9000"),
                 ("x-ratelimit-reset-tokens", "6m0s"),
             ],
-            want: Some(secs(1)),
+            want: Some(Duration::from_millis(20)),
         },
         Row {
             name: "input and output token resets",
@@ -249,7 +248,6 @@ fn retry_after_headers_table_takes_longest_credible_hint() {
         Row {
             name: "anthropic tokens reset with room left ignored",
             headers: vec![
-                ("retry-after", "3"),
                 ("anthropic-ratelimit-input-tokens-remaining", "50000"),
                 (
                     "anthropic-ratelimit-input-tokens-reset",
@@ -276,6 +274,17 @@ fn retry_after_headers_table_takes_longest_credible_hint() {
             name: "absurd value capped",
             headers: vec![("retry-after", "999999999999")],
             want: Some(MAX_RETRY_HINT),
+        },
+        Row {
+            name: "retry-after 5 next to a full-window reset stays 5 (case 1)",
+            headers: vec![
+                ("retry-after", "5"),
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", "59.75s"),
+                ("anthropic-ratelimit-requests-remaining", "0"),
+                ("anthropic-ratelimit-requests-reset", "2026-11-30T09:01:00Z"),
+            ],
+            want: Some(secs(5)),
         },
         Row {
             name: "cerebras day dimension exhausted",
@@ -428,4 +437,20 @@ fn message_date_table_future_dates_only() {
             "input {input:?}"
         );
     }
+}
+
+#[test]
+fn retry_after_tiers_explicit_then_resets() {
+    let both = headers(&[
+        ("retry-after", "2"),
+        ("retry-after-ms", "2500"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "40s"),
+    ]);
+    assert_eq!(explicit_retry_after(&both, now()), Some(ms(2500)));
+    assert_eq!(rate_limit_reset(&both, now()), Some(secs(40)));
+    assert_eq!(retry_after(&both, now()), Some(ms(2500)));
+    let resets_only = headers(&[("x-ratelimit-reset-requests", "40s")]);
+    assert_eq!(explicit_retry_after(&resets_only, now()), None);
+    assert_eq!(retry_after(&resets_only, now()), Some(secs(40)));
 }
