@@ -413,6 +413,7 @@ pub fn class_for_tag(tag: &str) -> Option<ErrorClass> {
         | "timeout_error"
         | "deadline_exceeded"
         | "modeltimeoutexception"
+        | "vector_store_timeout"
         | "requesttimeout" => ErrorClass::Timeout,
         "authentication_error"
         | "permission_error"
@@ -440,7 +441,34 @@ pub fn class_for_tag(tag: &str) -> Option<ErrorClass> {
         | "string_above_max_length"
         | "validationexception"
         | "resourcenotfoundexception"
-        | "validation_error" => ErrorClass::Request,
+        | "validation_error"
+        | "bad_request"
+        | "badrequesterror"
+        | "unprocessable_entity"
+        | "missing_required_parameter"
+        | "unknown_parameter"
+        | "invalid_type"
+        | "decimal_above_max_value"
+        | "decimal_below_min_value"
+        | "integer_above_max_value"
+        | "integer_below_min_value"
+        | "invalid_prompt"
+        | "content_filter"
+        | "content_policy_violation"
+        | "image_content_policy_violation"
+        | "invalid_image"
+        | "invalid_image_format"
+        | "invalid_image_mode"
+        | "invalid_image_url"
+        | "invalid_base64_image"
+        | "image_too_large"
+        | "image_too_small"
+        | "image_parse_error"
+        | "image_file_too_large"
+        | "image_file_not_found"
+        | "empty_image_file"
+        | "failed_to_download_image"
+        | "unsupported_image_media_type" => ErrorClass::Request,
         _ => return None,
     };
     Some(class)

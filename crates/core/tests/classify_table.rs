@@ -839,6 +839,19 @@ fn stream_error_table_anthropic_openai_gemini() {
             Overload,
             Some("UNAVAILABLE"),
         ),
+        (
+            "responses failed invalid prompt",
+            json!({"type": "response.failed", "response": {"status": "failed",
+                "error": {"code": "invalid_prompt", "message": "Invalid prompt: flagged."}}}),
+            Request,
+            Some("invalid_prompt"),
+        ),
+        (
+            "responses failed image too large",
+            json!({"type": "response.failed", "response": {"error": {"code": "image_too_large", "message": "x"}}}),
+            Request,
+            Some("image_too_large"),
+        ),
         ("unknown shape", json!({"weird": true}), Server, None),
         ("null", json!(null), Server, None),
     ];
