@@ -65,7 +65,8 @@ impl SecretSource {
 pub struct ModelConfig {
     /// Name sent upstream.
     pub upstream: String,
-    /// Modalities handled.
+    /// Modalities handled, as declared; empty when the manifest declares none (then the model
+    /// is assumed to handle whatever its routes send it).
     pub modalities: Vec<Modality>,
     /// List prices, when declared.
     pub pricing: Option<Pricing>,
@@ -120,6 +121,8 @@ pub struct RouteProvider {
     pub index: usize,
     /// Model name sent upstream.
     pub upstream_model: String,
+    /// Modalities the provider's model declares (empty = not declared, no filtering).
+    pub modalities: Vec<Modality>,
     /// Whether the provider may serve this route at all, and why not.
     pub ineligible: Option<String>,
 }
@@ -402,11 +405,7 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
                     m.name.clone(),
                     ModelConfig {
                         upstream: m.upstream_name.clone().unwrap_or_else(|| m.name.clone()),
-                        modalities: if m.modalities.is_empty() {
-                            vec![Modality::Text]
-                        } else {
-                            m.modalities.clone()
-                        },
+                        modalities: m.modalities.clone(),
                         pricing: m.pricing.as_ref().map(pricing),
                     },
                 )
@@ -468,6 +467,7 @@ fn build_route(
         };
         route_providers.push(RouteProvider {
             index: i,
+            modalities: served.map(|m| m.modalities.clone()).unwrap_or_default(),
             upstream_model: served.map_or(model, |m| m.upstream.clone()),
             ineligible,
         });

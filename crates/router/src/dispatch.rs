@@ -23,6 +23,7 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use serde_json::Value;
 use switchyard_api::policy::Strategy;
+use switchyard_api::provider::Modality;
 use switchyard_core::classify::{
     Classification, ErrorClass, TransportFailure, classify_response, classify_stream_error_at,
     classify_transport,
@@ -80,6 +81,64 @@ pub enum ClientBody {
     Json(serde_json::Map<String, Value>),
 }
 
+/// The modalities a request needs from a provider's model (DESIGN §3 step 1): embedding and
+/// rerank by operation; for chat, text plus image or audio when any message carries such a part.
+pub fn required_modalities(op: ClientOp, body: &ClientBody) -> Vec<Modality> {
+    match op {
+        ClientOp::Embeddings => return vec![Modality::Embedding],
+        ClientOp::Rerank => return vec![Modality::Rerank],
+        ClientOp::Chat | ClientOp::Messages => {}
+    }
+    let mut needs = vec![Modality::Text];
+    let mut add = |m: Modality| {
+        if !needs.contains(&m) {
+            needs.push(m);
+        }
+    };
+    match body {
+        ClientBody::Chat(chat) => {
+            for part in chat
+                .messages
+                .iter()
+                .filter_map(|m| match &m.content {
+                    Some(openai::MessageContent::Parts(parts)) => Some(parts),
+                    _ => None,
+                })
+                .flatten()
+            {
+                match part {
+                    openai::ContentPart::Known(openai::KnownPart::ImageUrl { .. }) => {
+                        add(Modality::Image)
+                    }
+                    openai::ContentPart::Other(v)
+                        if v.get("type").and_then(Value::as_str) == Some("input_audio") =>
+                    {
+                        add(Modality::Audio);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        ClientBody::Messages(m) => {
+            for block in m
+                .messages
+                .iter()
+                .filter_map(|m| match &m.content {
+                    anthropic::MessageContent::Blocks(blocks) => Some(blocks),
+                    anthropic::MessageContent::Text(_) => None,
+                })
+                .flatten()
+            {
+                if let anthropic::ContentBlock::Known(anthropic::Block::Image { .. }) = block {
+                    add(Modality::Image);
+                }
+            }
+        }
+        ClientBody::Json(_) => {}
+    }
+    needs
+}
+
 /// One client request, identified and parsed.
 #[derive(Debug)]
 pub struct ClientRequest {
@@ -97,6 +156,8 @@ pub struct ClientRequest {
     pub tenant: Option<Arc<Tenant>>,
     /// Request id echoed in `x-request-id`.
     pub request_id: String,
+    /// Modalities the provider's model must handle.
+    pub modalities: Vec<Modality>,
 }
 
 /// An error shown to the client in its own dialect.
@@ -422,6 +483,13 @@ async fn run(
             }
             if tenant_restricts && !p.within_regions(&tenant_regions) {
                 region_excluded = true;
+                return false;
+            }
+            // A model that declares its modalities serves only those (DESIGN §4.8: requests are
+            // filtered by their own modality); one that declares none is not filtered.
+            if !rp.modalities.is_empty()
+                && !req.modalities.iter().all(|m| rp.modalities.contains(m))
+            {
                 return false;
             }
             p.kind().and_then(|k| operation(req.op, k)).is_some()
@@ -1246,4 +1314,97 @@ pub fn sensitive_headers() -> [http::HeaderName; 3] {
         http::HeaderName::from_static("x-api-key"),
         header::PROXY_AUTHORIZATION,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(json: Value) -> ClientBody {
+        ClientBody::Chat(Box::new(serde_json::from_value(json).unwrap()))
+    }
+
+    #[test]
+    fn required_modalities_image_part_needs_image() {
+        let text = chat(
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert_eq!(
+            required_modalities(ClientOp::Chat, &text),
+            vec![Modality::Text]
+        );
+        let image = chat(
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+            ]}]}),
+        );
+        assert_eq!(
+            required_modalities(ClientOp::Chat, &image),
+            vec![Modality::Text, Modality::Image]
+        );
+        let json = ClientBody::Json(serde_json::Map::new());
+        assert_eq!(
+            required_modalities(ClientOp::Embeddings, &json),
+            vec![Modality::Embedding]
+        );
+    }
+
+    #[test]
+    fn exhausted_error_class_maps_to_status_and_code() {
+        let cases = [
+            (
+                ErrorClass::Capacity,
+                StatusCode::TOO_MANY_REQUESTS,
+                "provider_capacity",
+            ),
+            (
+                ErrorClass::Policy,
+                StatusCode::TOO_MANY_REQUESTS,
+                "provider_quota_exhausted",
+            ),
+            (
+                ErrorClass::Overload,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "provider_overloaded",
+            ),
+            (
+                ErrorClass::Timeout,
+                StatusCode::GATEWAY_TIMEOUT,
+                "provider_timeout",
+            ),
+            (
+                ErrorClass::Connect,
+                StatusCode::BAD_GATEWAY,
+                "provider_unreachable",
+            ),
+            (
+                ErrorClass::Server,
+                StatusCode::BAD_GATEWAY,
+                "provider_error",
+            ),
+        ];
+        for (class, status, code) in cases {
+            let e = exhausted_error(&Classification::new(class), false);
+            assert_eq!((e.status, e.code.as_str()), (status, code), "{class}");
+        }
+        let e = exhausted_error(&Classification::new(ErrorClass::Overload), true);
+        assert_eq!(
+            (e.status, e.code.as_str()),
+            (StatusCode::FORBIDDEN, "region_unavailable")
+        );
+    }
+
+    #[test]
+    fn api_error_retry_after_rounds_up_whole_seconds() {
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "provider_capacity",
+            "slow down",
+        );
+        e.retry_after = Some(Duration::from_millis(2100));
+        let r = e.into_response(Dialect::Anthropic);
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+    }
 }

@@ -333,6 +333,7 @@ async fn prepare(
         .map(str::to_owned)
         .or_else(|| tenant.as_ref().map(|t| t.key.clone()))
         .unwrap_or_else(|| "anonymous".to_owned());
+    let modalities = crate::dispatch::required_modalities(op, &body);
     Ok((
         route_index,
         ClientRequest {
@@ -343,6 +344,7 @@ async fn prepare(
             project,
             tenant,
             request_id,
+            modalities,
         },
     ))
 }
