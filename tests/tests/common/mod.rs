@@ -568,6 +568,8 @@ impl Router {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // Plain log lines in failure reports.
+        cmd.env("NO_COLOR", "1");
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
@@ -697,9 +699,9 @@ impl Reply {
         header(&self.headers, name)
     }
 
-    /// `x-switchyard-provider`.
+    /// Name of the provider in `x-switchyard-provider` (without its `namespace/` prefix).
     pub(crate) fn provider(&self) -> Option<String> {
-        self.header("x-switchyard-provider")
+        self.header("x-switchyard-provider").map(|v| provider_name(&v))
     }
 
     /// `x-switchyard-attempts`.
@@ -714,6 +716,11 @@ impl Reply {
             .unwrap_or_default()
             .to_owned()
     }
+}
+
+/// A provider name from `x-switchyard-provider`, which reads `namespace/name`.
+pub(crate) fn provider_name(header: &str) -> String {
+    header.rsplit('/').next().unwrap_or(header).to_owned()
 }
 
 /// A header as text.
@@ -859,9 +866,9 @@ pub(crate) async fn stream(req: reqwest::RequestBuilder) -> StreamReply {
 }
 
 impl StreamReply {
-    /// `x-switchyard-provider`.
+    /// Name of the provider in `x-switchyard-provider` (without its `namespace/` prefix).
     pub(crate) fn provider(&self) -> Option<String> {
-        header(&self.headers, "x-switchyard-provider")
+        header(&self.headers, "x-switchyard-provider").map(|v| provider_name(&v))
     }
 
     /// Data payloads other than `[DONE]`, as JSON; panics on a payload that is not exactly one
