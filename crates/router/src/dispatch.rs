@@ -29,7 +29,7 @@ use switchyard_core::classify::{
     classify_transport,
 };
 use switchyard_core::pause::{
-    AttemptContext, PausePolicy, RetryDecision, RetryPolicy, next_attempt,
+    Admission, AttemptContext, PausePolicy, RetryDecision, RetryPolicy, next_attempt,
 };
 use tracing::Instrument;
 
@@ -580,7 +580,9 @@ async fn run(
                 stop_reason = Some("deadline");
                 break 'providers;
             }
-            if let Some(until) = lock(&app.runtime.pauses).paused_until(&scopes, now) {
+            // After a pause ends, exactly one request probes the scope (field case 2).
+            let admission = lock(&app.runtime.pauses).admit(&scopes, now);
+            if let Admission::Paused { until } = admission {
                 let wait = until.saturating_since(now);
                 skipped_wait = Some(skipped_wait.map_or(wait, |w| w.min(wait)));
                 continue 'providers;
@@ -633,6 +635,9 @@ async fn run(
             .await;
             match result {
                 Attempt::Served(response) => {
+                    if admission == Admission::Probe {
+                        lock(&app.runtime.pauses).probe_succeeded(&scopes);
+                    }
                     if Some(pos) != first_choice {
                         let label = crate::metrics::RouteLabel {
                             route: route.key.clone(),
@@ -659,6 +664,9 @@ async fn run(
                         for scope in scopes.iter().take(if shared { scopes.len() } else { 1 }) {
                             pauses.pause(scope, pause, now, c.class);
                         }
+                    } else if admission == Admission::Probe {
+                        // The provider answered without asking for a pause: the probe is over.
+                        lock(&app.runtime.pauses).probe_succeeded(&scopes);
                     }
                     if c.class == ErrorClass::Request || !route.fallback_on.contains(&c.class) {
                         return Err((client_error(&failure), Some(provider.key.clone()), attempts));
