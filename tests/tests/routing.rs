@@ -310,8 +310,11 @@ fn check_spread(weights: &[WeightEntry], counts: &BTreeMap<String, usize>, traje
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sticky_project_keeps_provider_across_10_turns_while_weights_move() {
     let _g = serial().await;
-    let stack = Stack::start(three_providers("1s")).await;
+    // A 3 s interval: p1's recovery ramp takes several intervals, so the weights stay mixed
+    // (and keep moving) while the conversations run.
+    let stack = Stack::start(three_providers("3s")).await;
     degrade_p1(&stack, 0.8).await;
+    let weights_at_start = policy_weights(&stack.status().await, MODEL);
     // p1 now recovers, so weights move while the conversations run; pinned chains must not.
     let mut by_project: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut messages: BTreeMap<String, Vec<Value>> = BTreeMap::new();
@@ -340,7 +343,7 @@ async fn sticky_project_keeps_provider_across_10_turns_while_weights_move() {
     let distinct = histogram(by_project.values().map(|v| v[0].clone()));
     assert!(
         distinct.len() >= 2,
-        "all 20 projects on one provider; stickiness shown only trivially: {distinct:?}"
+        "all 20 projects on one provider; stickiness shown only trivially: {distinct:?}; weights at start {weights_at_start:?}"
     );
 }
 

@@ -701,7 +701,8 @@ impl Reply {
 
     /// Name of the provider in `x-switchyard-provider` (without its `namespace/` prefix).
     pub(crate) fn provider(&self) -> Option<String> {
-        self.header("x-switchyard-provider").map(|v| provider_name(&v))
+        self.header("x-switchyard-provider")
+            .map(|v| provider_name(&v))
     }
 
     /// `x-switchyard-attempts`.
