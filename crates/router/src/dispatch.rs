@@ -530,8 +530,10 @@ async fn run(
                 .map(|&pos| route.providers[pos].index)
                 .filter(|&i| {
                     !paused(app, live, i, now)
-                        && lock(&live.providers[i].breaker).state(now)
-                            == switchyard_core::breaker::BreakerState::Closed
+                        && !matches!(
+                            lock(&live.providers[i].breaker).state(now),
+                            switchyard_core::breaker::BreakerState::Open { .. }
+                        )
                 })
                 .collect();
             let picked = lock(&live.p2c).pick(&eligible, now, &mut rand::rng());
