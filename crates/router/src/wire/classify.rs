@@ -61,14 +61,23 @@ pub fn classify_openai(ev: &SseEvent) -> StreamClass {
     if data == "[DONE]" {
         return StreamClass::Finish;
     }
-    let Ok(value) = serde_json::from_str::<Value>(data) else {
-        return StreamClass::Malformed;
-    };
-    if ev.event.as_deref() == Some("error") || value.get("error").is_some_and(|e| !e.is_null()) {
-        return StreamClass::Error(value);
-    }
-    let Ok(chunk) = serde_json::from_value::<openai::ChatChunk>(value) else {
-        return StreamClass::Malformed;
+    // Fast path: the typed parse succeeds for every normal chunk; only the rare error or
+    // malformed payload pays for a second, untyped parse.
+    let chunk = match serde_json::from_str::<openai::ChatChunk>(data) {
+        Ok(chunk) if ev.event.as_deref() != Some("error") && !chunk.extra.contains_key("error") => {
+            chunk
+        }
+        _ => {
+            return match serde_json::from_str::<Value>(data) {
+                Ok(value)
+                    if ev.event.as_deref() == Some("error")
+                        || value.get("error").is_some_and(|e| !e.is_null()) =>
+                {
+                    StreamClass::Error(value)
+                }
+                _ => StreamClass::Malformed,
+            };
+        }
     };
     if chunk.is_usage_only() {
         return StreamClass::UsageOnly;
@@ -96,19 +105,26 @@ fn delta_has_content(delta: &openai::Delta) -> bool {
 }
 
 /// Classifies one Anthropic stream event (by its JSON `type`; the SSE `event:` name is only
-/// used to recognise an `error` whose body does not parse).
+/// used to recognise an `error` whose body does not parse as an event).
 pub fn classify_anthropic(ev: &SseEvent) -> StreamClass {
-    let Ok(value) = serde_json::from_str::<Value>(ev.data.trim()) else {
-        return StreamClass::Malformed;
-    };
-    if ev.event.as_deref() == Some("error") || value.get("type") == Some(&Value::from("error")) {
-        return StreamClass::Error(value);
-    }
-    let Ok(event) = serde_json::from_value::<anthropic::StreamEvent>(value) else {
-        return StreamClass::Malformed;
+    let data = ev.data.trim();
+    let Ok(event) = serde_json::from_str::<anthropic::StreamEvent>(data) else {
+        // An error body that is not a well-formed event still counts as an error.
+        return match serde_json::from_str::<Value>(data) {
+            Ok(value) if ev.event.as_deref() == Some("error") || value.get("error").is_some() => {
+                StreamClass::Error(value)
+            }
+            _ => StreamClass::Malformed,
+        };
     };
     use anthropic::StreamEvent as E;
     match event {
+        E::Error { error } => {
+            StreamClass::Error(serde_json::json!({"type": "error", "error": error}))
+        }
+        _ if ev.event.as_deref() == Some("error") => {
+            serde_json::from_str(data).map_or(StreamClass::Malformed, StreamClass::Error)
+        }
         E::MessageStart { .. } | E::Ping | E::Other => StreamClass::Preamble,
         E::ContentBlockStart { content_block, .. } => match content_block {
             anthropic::ContentBlock::Known(anthropic::Block::Text { text, .. })
@@ -125,9 +141,6 @@ pub fn classify_anthropic(ev: &SseEvent) -> StreamClass {
         },
         E::ContentBlockDelta { .. } => StreamClass::Content,
         E::ContentBlockStop { .. } | E::MessageDelta { .. } | E::MessageStop => StreamClass::Finish,
-        E::Error { error } => {
-            StreamClass::Error(serde_json::json!({"type": "error", "error": error}))
-        }
     }
 }
 

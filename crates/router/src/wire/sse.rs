@@ -107,18 +107,28 @@ impl SseParser {
                 bytes = rest;
             }
         }
-        for &b in bytes {
-            let after_cr = std::mem::replace(&mut self.after_cr, false);
-            match b {
-                b'\n' if after_cr => {}
-                b'\n' => self.end_line(&mut out),
-                b'\r' => {
-                    self.end_line(&mut out);
-                    self.after_cr = true;
-                }
-                _ => self.line.push(b),
+        if self.after_cr {
+            // The previous chunk ended in CR; an LF opening this chunk completes that CRLF.
+            self.after_cr = false;
+            if let Some(rest) = bytes.strip_prefix(b"\n".as_slice()) {
+                bytes = rest;
             }
         }
+        // Copy whole runs up to the next line ending instead of byte by byte.
+        while let Some(pos) = bytes.iter().position(|&b| b == b'\n' || b == b'\r') {
+            self.line.extend_from_slice(&bytes[..pos]);
+            self.end_line(&mut out);
+            let ending = bytes[pos];
+            bytes = &bytes[pos + 1..];
+            if ending == b'\r' {
+                match bytes.first() {
+                    Some(b'\n') => bytes = &bytes[1..],
+                    Some(_) => {}
+                    None => self.after_cr = true,
+                }
+            }
+        }
+        self.line.extend_from_slice(bytes);
         out
     }
 
