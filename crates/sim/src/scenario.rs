@@ -210,10 +210,13 @@ pub struct SwitchyardSettings {
     /// Sliding pins (every turn extends the pin; core's default) or fixed pins (re-sampled
     /// `pin` after they were set, the sticky-chain article's behaviour).
     pub pin_refresh_on_hit: bool,
-    /// Whether a request that skips a provider because it is paused (Retry-After) or its
-    /// circuit is open counts as a provider-side error in that provider's controller window
-    /// (default true). Without it, pauses hide the overflow from the controller: the provider
-    /// keeps availability 1 while every pause sheds its projects to the next provider.
+    /// Whether a request that skips a provider because it is paused (Retry-After, overload
+    /// cooldown) counts as a provider-side error in that provider's controller window (default
+    /// true). Without it, pauses hide the overflow from the controller: the provider keeps
+    /// availability 1 while every pause sheds its projects to the next provider. Skips for an
+    /// open circuit count only when the window's real outcomes at that provider had no success
+    /// or an error rate above target (an outage); right after a recovery one stale skip at low
+    /// volume would otherwise read as a 50 % error rate.
     pub skips_count_as_errors: bool,
     /// Simulator proposal, not in DESIGN: when the head of a project's chain (the provider
     /// holding its prompt cache) is paused for at most this long, the first attempt waits for

@@ -83,8 +83,10 @@ struct Guards {
     budget: Option<RetryBudget>,
     throttle: Option<FallbackThrottle>,
     rng: ChaCha8Rng,
-    /// Requests that skipped each provider (paused or open) since the last tick.
+    /// Requests that skipped each provider because it was paused, since the last tick.
     skipped: Vec<u64>,
+    /// Requests that skipped each provider because its circuit was open, since the last tick.
+    skipped_open: Vec<u64>,
 }
 
 impl Guards {
@@ -107,6 +109,7 @@ impl Guards {
                 .map(|r| FallbackThrottle::new(r, (2.0 * r).ceil().max(1.0) as u32)),
             rng: ChaCha8Rng::seed_from_u64(hash(sc.seed, &[3])),
             skipped: vec![0; sc.providers.len()],
+            skipped_open: vec![0; sc.providers.len()],
         }
     }
 
@@ -144,7 +147,7 @@ impl Guards {
                 continue;
             }
             if !self.breakers[i].try_acquire(now) {
-                self.skipped[i] += 1;
+                self.skipped_open[i] += 1;
                 // Re-check soon: the cooldown is seconds long and its end is not exposed
                 // through `try_acquire`.
                 let t = now + Duration::from_secs(1);
@@ -211,6 +214,7 @@ pub(crate) struct Chat {
     pins: ChainPins,
     max_attempts: u32,
     skips_are_errors: bool,
+    target_error_rate: f64,
     hold: Option<Duration>,
 }
 
@@ -238,6 +242,7 @@ impl Chat {
                 .with_refresh_on_hit(s.pin_refresh_on_hit),
             max_attempts: s.max_attempts,
             skips_are_errors: s.skips_count_as_errors,
+            target_error_rate: cfg.target_error_rate,
             hold: s.cache_hold,
         }
     }
@@ -251,10 +256,22 @@ impl Chat {
 
 impl Strategy for Chat {
     fn tick(&mut self, _now: Instant) {
-        let skipped = std::mem::replace(&mut self.guards.skipped, vec![0; self.avail.len()]);
+        let n = self.avail.len();
+        let paused = std::mem::replace(&mut self.guards.skipped, vec![0; n]);
+        let open = std::mem::replace(&mut self.guards.skipped_open, vec![0; n]);
         if self.skips_are_errors {
-            for (w, s) in self.window.iter_mut().zip(skipped) {
-                w.provider_errors += s;
+            let target = self.target_error_rate;
+            for ((w, p), o) in self.window.iter_mut().zip(paused).zip(open) {
+                // An open-circuit skip stands for an attempt predicted to fail. The prediction
+                // is trusted only while the window's real outcomes agree (error rate above
+                // target, or no success at all): at an outage's onset that turns the skipped
+                // traffic into the failures it would have been, while right after a recovery
+                // one stale skip at low volume cannot read as a high error rate.
+                let real = (w.successes + w.provider_errors) as f64;
+                if w.successes == 0 || w.provider_errors as f64 > target * real {
+                    w.provider_errors += o;
+                }
+                w.provider_errors += p;
             }
         }
         for (i, c) in self.controllers.iter_mut().enumerate() {
@@ -269,11 +286,16 @@ impl Strategy for Chat {
         Some(&self.weights)
     }
     fn pick(&mut self, project: u32, tried: u64, now: Instant, _: &mut ChaCha8Rng) -> Pick {
+        let pinned = self.pins.peek(&self.keys[project as usize], now).is_some();
         let chain = self.chain(project, now);
-        // Cache hold (simulator proposal, off unless configured): the head of a pinned chain
-        // holds the project's prompt cache; when its pause ends within `hold`, a first attempt
-        // waits for it instead of spilling the whole context to a cold provider.
+        // Cache hold (simulator proposal, off unless configured): the head of a live pin is
+        // where the project was last served, so it holds the project's prompt cache; when its
+        // pause ends within `hold`, a first attempt waits for it instead of spilling the whole
+        // context to a cold provider. A project without a live pin has no cache to protect
+        // and spills at once. Waiting is not counted in the controller window (counting it
+        // made the primary-60pct sweep collapse on one seed in nine).
         if tried == 0
+            && pinned
             && let (Some(hold), Some(&head)) = (self.hold, chain.first())
             && let Some(until) = self.guards.paused_until(head, now)
             && until.saturating_since(now) <= hold
