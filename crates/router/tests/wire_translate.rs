@@ -770,3 +770,37 @@ fn anthropic_to_openai_request_image_in_tool_result_is_unsupported() {
         other => panic!("expected unsupported, got {other:?}"),
     }
 }
+
+#[test]
+fn stream_openai_to_anthropic_azure_filter_chunk_and_sparse_fields_are_tolerated() {
+    let items = vec![
+        // Azure opens with a chunk that has no choices and empty header fields.
+        SseItem::Event(SseEvent::data(
+            json!({"choices": [], "created": 0, "id": "", "model": "", "object": "",
+                "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {}}]})
+            .to_string(),
+        )),
+        // A lenient server: no `object`, no `created`, no choice or tool-call `index`.
+        SseItem::Event(SseEvent::data(
+            json!({"id": "x1", "model": "local", "choices": [{"delta": {"role": "assistant", "content": "Hi"}}]}).to_string(),
+        )),
+        SseItem::Event(SseEvent::data(
+            json!({"id": "x1", "model": "local", "choices": [{"delta": {"tool_calls": [
+                {"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{\"k\":2}"}}]}}]})
+            .to_string(),
+        )),
+        SseItem::Event(SseEvent::data(
+            json!({"id": "x1", "model": "local", "choices": [{"delta": {}, "finish_reason": "tool_calls"}]}).to_string(),
+        )),
+        SseItem::Event(SseEvent::data("[DONE]")),
+    ];
+    let mut t = StreamTranslator::openai_to_anthropic();
+    let events = run(&mut t, &items);
+    let (text, tools, stop, _) = check_anthropic(&events);
+    assert_eq!(text, "Hi");
+    assert_eq!(tools, vec![("f".to_owned(), json!({"k": 2}))]);
+    assert_eq!(stop, "tool_use");
+    let start: Value = serde_json::from_str(&events[0].data).unwrap();
+    assert_eq!(start["message"]["id"], "x1");
+    assert_eq!(start["message"]["model"], "local");
+}

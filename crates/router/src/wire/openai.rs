@@ -341,13 +341,18 @@ pub struct PromptTokensDetails {
 /// Non-streaming `chat.completion` response.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChatResponse {
-    /// Completion id (`chatcmpl-...`).
+    /// Completion id (`chatcmpl-...`). Header members default when absent (lenient towards
+    /// OpenAI-compatible servers).
+    #[serde(default)]
     pub id: String,
     /// `"chat.completion"`.
+    #[serde(default)]
     pub object: String,
     /// Unix seconds.
+    #[serde(default)]
     pub created: u64,
     /// Model that answered.
+    #[serde(default)]
     pub model: String,
     /// Choices (one unless `n` > 1).
     pub choices: Vec<Choice>,
@@ -362,7 +367,8 @@ pub struct ChatResponse {
 /// One choice of a non-streaming response.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Choice {
-    /// Choice index.
+    /// Choice index (0 when a server omits it).
+    #[serde(default)]
     pub index: u32,
     /// The assistant message.
     pub message: ChatMessage,
@@ -377,13 +383,19 @@ pub struct Choice {
 /// One `chat.completion.chunk` of a stream (the `data:` payload of one SSE event).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChatChunk {
-    /// Completion id, the same on every chunk.
+    /// Completion id, the same on every chunk. (Defaulted when absent, like the next three
+    /// members: OpenAI-compatible servers are not all strict, and Azure opens streams with a
+    /// `prompt_filter_results` chunk whose header fields are empty.)
+    #[serde(default)]
     pub id: String,
     /// `"chat.completion.chunk"`.
+    #[serde(default)]
     pub object: String,
     /// Unix seconds.
+    #[serde(default)]
     pub created: u64,
     /// Model that answers.
+    #[serde(default)]
     pub model: String,
     /// Choice deltas; empty on the usage-only chunk.
     #[serde(default)]
@@ -406,7 +418,8 @@ impl ChatChunk {
 /// One choice delta of a stream chunk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChunkChoice {
-    /// Choice index.
+    /// Choice index (0 when a server omits it).
+    #[serde(default)]
     pub index: u32,
     /// What this chunk adds.
     #[serde(default)]
@@ -440,7 +453,9 @@ pub struct Delta {
 /// later ones append to `function.arguments`. `index` ties the pieces together.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallDelta {
-    /// Position of the call in the message's `tool_calls`.
+    /// Position of the call in the message's `tool_calls` (0 when a server omits it, as
+    /// some single-call implementations do).
+    #[serde(default)]
     pub index: u32,
     /// Call id (first delta only).
     #[serde(default, skip_serializing_if = "Option::is_none")]

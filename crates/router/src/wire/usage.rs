@@ -96,6 +96,17 @@ impl NormalizedUsage {
         }
     }
 
+    /// From an OpenAI embeddings `usage` object (input only; embeddings have no prompt cache).
+    pub fn from_openai_embeddings(u: &openai::EmbeddingsUsage) -> Self {
+        NormalizedUsage {
+            input_uncached: u.prompt_tokens,
+            cache_read: 0,
+            cache_write: 0,
+            output: 0,
+            source: UsageSource::Reported,
+        }
+    }
+
     /// An estimate (all input counted uncached).
     pub fn estimated(input: u64, output: u64) -> Self {
         NormalizedUsage {

@@ -521,6 +521,11 @@ impl O2A {
                 End::Finished
             }
             OpenAiData::Chunk(chunk) => {
+                // A chunk without choices (Azure's opening `prompt_filter_results`, the usage
+                // chunk) adds no content and carries no reliable header; wait for a real one.
+                if chunk.choices.is_empty() {
+                    return End::Open;
+                }
                 self.start(&chunk, out);
                 // Only the first choice is translated (`n > 1` is refused at request time).
                 let Some(choice) = chunk.choices.into_iter().find(|c| c.index == 0) else {
