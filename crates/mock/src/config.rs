@@ -85,6 +85,10 @@ pub struct MockConfig {
     pub cache_min_tokens: u64,
     /// Usage shape on `/v1/chat/completions`.
     pub usage_style: UsageStyle,
+    /// Anthropic endpoint: treat a request without any `cache_control` as if its last block had
+    /// one (default false, as the real API caches only at explicit breakpoints). Useful when
+    /// clients speak OpenAI format through a router that does not add breakpoints.
+    pub anthropic_implicit_breakpoint: bool,
     /// Embedding vector length when the request gives no `dimensions`.
     pub embedding_dimensions: usize,
     /// Header whose value is recorded as the call's project (field cases 13, 22).
@@ -109,6 +113,7 @@ impl Default for MockConfig {
             cache_ttl: Duration::from_secs(300),
             cache_min_tokens: 0,
             usage_style: UsageStyle::Openai,
+            anthropic_implicit_breakpoint: false,
             embedding_dimensions: 8,
             project_header: "x-project-id".to_owned(),
             rate_limits: RateLimitConfig::default(),

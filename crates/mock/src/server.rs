@@ -629,11 +629,18 @@ enum StreamPlan {
 
 async fn chat(ctx: Ctx, api: ChatApi) -> Response {
     let cfg = &ctx.shared.config;
-    let segments = match api {
+    let mut segments = match api {
         ChatApi::OpenAiChat => tokens::openai_chat_segments(&ctx.body),
         ChatApi::Anthropic => tokens::anthropic_segments(&ctx.body),
         ChatApi::Responses => tokens::responses_segments(&ctx.body),
     };
+    if api == ChatApi::Anthropic
+        && cfg.anthropic_implicit_breakpoint
+        && segments.iter().all(|s| s.breakpoint.is_none())
+        && let Some(last) = segments.last_mut()
+    {
+        last.breakpoint = Some(None);
+    }
     let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
         .iter()
         .find_map(|k| ctx.body.get(*k).and_then(Value::as_u64));

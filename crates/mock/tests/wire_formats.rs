@@ -655,6 +655,43 @@ async fn anthropic_prompt_cache_writes_then_reads_breakpoint_prefix() {
 }
 
 #[tokio::test]
+async fn anthropic_implicit_breakpoint_caches_without_cache_control() {
+    let mock = start(MockConfig {
+        anthropic_implicit_breakpoint: true,
+        ..MockConfig::default()
+    })
+    .await;
+    let url = format!("{}/v1/messages", mock.base_url());
+    let t1 = json!([{"role": "user", "content": words(100)}]);
+    let mut t2 = t1.as_array().unwrap().clone();
+    t2.push(json!({"role": "assistant", "content": words(16)}));
+    t2.push(json!({"role": "user", "content": words(3)}));
+    let first: AnMessage = client()
+        .post(&url)
+        .json(&json!({"model": "c", "max_tokens": 16, "messages": t1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(first.usage.cache_creation_input_tokens, 100);
+    assert_eq!(first.usage.input_tokens, 0);
+    let second: AnMessage = client()
+        .post(&url)
+        .json(&json!({"model": "c", "max_tokens": 16, "messages": t2}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(second.usage.cache_read_input_tokens, 100);
+    assert_eq!(second.usage.cache_creation_input_tokens, 19);
+    assert_eq!(second.usage.input_tokens, 0);
+}
+
+#[tokio::test]
 async fn gemini_usage_style_reports_usage_metadata() {
     let mock = start(MockConfig {
         output_tokens: 23,
