@@ -123,3 +123,73 @@ async fn case21b_keepalives_and_role_only_deltas_never_count_as_content() {
         );
     }
 }
+
+/// Small deterministic generator (64-bit LCG) so the chunking test needs no extra crate and
+/// every failure reproduces from its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, bound: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((self.0 >> 33) as usize) % bound
+    }
+}
+
+#[test]
+fn parser_any_chunking_and_line_endings_yield_the_same_items() {
+    use switchyard_router::wire::sse::SseParser;
+    let payloads = [
+        "{\"type\":\"ping\"}",
+        "multi\nline\ndata",
+        " leading space kept",
+        "unicode \u{e9}\u{1f600} \u{4e2d}",
+        "",
+        "[DONE]",
+    ];
+    for seed in 0..300u64 {
+        let mut rng = Lcg(seed);
+        let mut wire = Vec::new();
+        let mut expected = Vec::new();
+        for _ in 0..1 + rng.next(8) {
+            let eol: &[u8] = [b"\n".as_slice(), b"\r\n", b"\r"][rng.next(3)];
+            if rng.next(4) == 0 {
+                wire.extend_from_slice(b": keep-alive");
+                wire.extend_from_slice(eol);
+                expected.push(SseItem::Comment(" keep-alive".into()));
+            }
+            let name = ["", "content_block_delta", "error"][rng.next(3)];
+            let data = payloads[rng.next(payloads.len())];
+            if !name.is_empty() {
+                wire.extend_from_slice(format!("event: {name}").as_bytes());
+                wire.extend_from_slice(eol);
+            }
+            for line in data.split('\n') {
+                wire.extend_from_slice(format!("data: {line}").as_bytes());
+                wire.extend_from_slice(eol);
+            }
+            wire.extend_from_slice(eol);
+            expected.push(SseItem::Event(SseEvent::new(
+                (!name.is_empty()).then_some(name),
+                data,
+            )));
+        }
+        // The stream closes with an LF-terminated event so it never ends on a bare CR, whose
+        // meaning (CR or the first half of CRLF) only the next byte would settle.
+        wire.extend_from_slice(b"data: end\n\n");
+        expected.push(SseItem::Event(SseEvent::data("end")));
+
+        let mut parser = SseParser::new();
+        let mut got = Vec::new();
+        let mut rest = wire.as_slice();
+        while !rest.is_empty() {
+            let n = 1 + rng.next(rest.len().min(16));
+            got.extend(parser.push(&rest[..n]));
+            rest = &rest[n..];
+        }
+        assert_eq!(parser.finish(), None, "seed {seed}");
+        assert_eq!(got, expected, "seed {seed}");
+    }
+}
