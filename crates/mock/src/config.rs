@@ -95,6 +95,9 @@ pub struct MockConfig {
     pub project_header: String,
     /// Advertised (and optionally enforced) provider rate limits.
     pub rate_limits: RateLimitConfig,
+    /// Call records kept (oldest dropped first) so a long-running mock stays bounded;
+    /// `call_count` still counts every call.
+    pub record_limit: usize,
     /// Faults active from start; replaced at runtime by `POST /admin/faults`.
     pub faults: FaultSet,
 }
@@ -117,6 +120,7 @@ impl Default for MockConfig {
             embedding_dimensions: 8,
             project_header: "x-project-id".to_owned(),
             rate_limits: RateLimitConfig::default(),
+            record_limit: 100_000,
             faults: FaultSet::default(),
         }
     }

@@ -5,6 +5,7 @@
 //! the client hung up, or a deadline in the router closed the connection — a drop guard stamps
 //! `cancelled_at` and the number of content tokens already streamed (field cases 13, 17, 21).
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -62,7 +63,11 @@ pub(crate) struct Log {
     pub(crate) epoch: Instant,
     /// Bumped by every reset so guards of older calls do not touch newer records.
     generation: u64,
-    pub(crate) calls: Vec<CallRecord>,
+    /// Retained records, oldest first; `calls[0].seq == first_seq`.
+    calls: VecDeque<CallRecord>,
+    first_seq: u64,
+    /// Records kept at most; older ones are dropped so long runs stay bounded.
+    limit: usize,
 }
 
 /// Shared call log.
@@ -75,11 +80,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Recorder {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         Self(Arc::new(Mutex::new(Log {
             epoch: Instant::now(),
             generation: 0,
-            calls: Vec::new(),
+            calls: VecDeque::new(),
+            first_seq: 0,
+            limit: limit.max(1),
         })))
     }
 
@@ -93,39 +100,47 @@ impl Recorder {
         log.epoch = Instant::now();
         log.generation += 1;
         log.calls.clear();
+        log.first_seq = 0;
     }
 
     pub(crate) fn calls(&self) -> Vec<CallRecord> {
-        lock(&self.0).calls.clone()
+        lock(&self.0).calls.iter().cloned().collect()
     }
 
+    /// All calls since start or reset, including records dropped by the limit.
     pub(crate) fn count(&self) -> usize {
-        lock(&self.0).calls.len()
+        let log = lock(&self.0);
+        usize::try_from(log.first_seq).unwrap_or(usize::MAX) + log.calls.len()
     }
 
     /// Starts a record and returns the guard that finishes it.
     pub(crate) fn start(&self, mut rec: CallRecord) -> CallGuard {
         let mut log = lock(&self.0);
-        rec.seq = log.calls.len() as u64;
+        let seq = log.first_seq + log.calls.len() as u64;
+        rec.seq = seq;
         rec.at = log.epoch.elapsed();
-        let index = log.calls.len();
-        log.calls.push(rec);
+        log.calls.push_back(rec);
+        while log.calls.len() > log.limit {
+            log.calls.pop_front();
+            log.first_seq += 1;
+        }
         let generation = log.generation;
         CallGuard {
             rec: self.clone(),
-            index,
+            seq,
             generation,
             tokens: 0,
             done: false,
         }
     }
 
-    fn update(&self, index: usize, generation: u64, f: impl FnOnce(&mut CallRecord, Duration)) {
+    fn update(&self, seq: u64, generation: u64, f: impl FnOnce(&mut CallRecord, Duration)) {
         let mut log = lock(&self.0);
-        if log.generation != generation {
-            return; // the call predates an admin reset; its record is gone
+        if log.generation != generation || seq < log.first_seq {
+            return; // the record is gone (admin reset, or dropped by the limit)
         }
         let now = log.epoch.elapsed();
+        let index = usize::try_from(seq - log.first_seq).unwrap_or(usize::MAX);
         if let Some(rec) = log.calls.get_mut(index) {
             f(rec, now);
         }
@@ -136,7 +151,7 @@ impl Recorder {
 #[derive(Debug)]
 pub(crate) struct CallGuard {
     rec: Recorder,
-    index: usize,
+    seq: u64,
     generation: u64,
     tokens: u64,
     done: bool,
@@ -145,11 +160,11 @@ pub(crate) struct CallGuard {
 impl CallGuard {
     pub(crate) fn set_status(&self, status: u16) {
         self.rec
-            .update(self.index, self.generation, |r, _| r.status = status);
+            .update(self.seq, self.generation, |r, _| r.status = status);
     }
 
     pub(crate) fn add_fault_labels(&self, labels: &[&'static str]) {
-        self.rec.update(self.index, self.generation, |r, _| {
+        self.rec.update(self.seq, self.generation, |r, _| {
             r.fault.extend(labels.iter().map(|l| (*l).to_owned()));
         });
     }
@@ -164,14 +179,14 @@ impl CallGuard {
 
     pub(crate) fn usage_sent(&self, usage: UsageRecord) {
         self.rec
-            .update(self.index, self.generation, |r, _| r.usage = Some(usage));
+            .update(self.seq, self.generation, |r, _| r.usage = Some(usage));
     }
 
     /// The mock finished (normally, or by its own injected cut).
     pub(crate) fn finish(mut self) {
         self.done = true;
         let tokens = self.tokens;
-        self.rec.update(self.index, self.generation, |r, now| {
+        self.rec.update(self.seq, self.generation, |r, now| {
             r.tokens_streamed = tokens;
             r.finished_at = Some(now);
         });
@@ -182,7 +197,7 @@ impl Drop for CallGuard {
     fn drop(&mut self) {
         if !self.done {
             let tokens = self.tokens;
-            self.rec.update(self.index, self.generation, |r, now| {
+            self.rec.update(self.seq, self.generation, |r, now| {
                 r.tokens_streamed = tokens;
                 r.cancelled_at = Some(now);
                 r.finished_at = Some(now);

@@ -93,7 +93,7 @@ impl Shared {
         }
         Stats {
             name: self.config.name.clone(),
-            calls: calls.len(),
+            calls: self.recorder.count(),
             by_status,
             cancelled: calls.iter().filter(|c| c.cancelled_at.is_some()).count(),
             in_flight: calls.iter().filter(|c| c.finished_at.is_none()).count(),
@@ -107,9 +107,9 @@ impl Shared {
 pub struct Stats {
     /// Mock name.
     pub name: String,
-    /// Requests recorded since start or reset.
+    /// Requests since start or reset (including records dropped by `record_limit`).
     pub calls: usize,
-    /// Count per HTTP status (0 = no headers sent).
+    /// Count per HTTP status (0 = no headers sent), over the retained records.
     pub by_status: BTreeMap<u16, usize>,
     /// Calls the client abandoned before the mock finished.
     pub cancelled: usize,
@@ -145,7 +145,7 @@ impl MockProvider {
                 cache: PromptCache::default(),
                 rate: RateWindows::default(),
             }),
-            recorder: Recorder::new(),
+            recorder: Recorder::new(config.record_limit),
             ids: AtomicU64::new(1),
             config,
         });
@@ -193,12 +193,12 @@ impl MockHandle {
         &self.shared.config.name
     }
 
-    /// Every request so far, in arrival order.
+    /// Every retained request record (the last `record_limit`), in arrival order.
     pub fn calls(&self) -> Vec<CallRecord> {
         self.shared.recorder.calls()
     }
 
-    /// Number of requests so far.
+    /// Number of requests since start or reset.
     pub fn call_count(&self) -> usize {
         self.shared.recorder.count()
     }

@@ -710,3 +710,26 @@ async fn cut_non_streaming_body_is_torn_json_then_transport_error() {
     assert!(emb.bytes().await.is_err());
     assert_eq!(mock.calls()[1].status, 200);
 }
+
+#[tokio::test]
+async fn record_limit_keeps_newest_records_and_counts_all() {
+    let mock = start(MockConfig {
+        record_limit: 3,
+        ..MockConfig::default()
+    })
+    .await;
+    for _ in 0..5 {
+        let resp = post_chat(&mock).await;
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    assert_eq!(mock.call_count(), 5);
+    let seqs: Vec<u64> = mock.calls().iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, [2, 3, 4]);
+    assert!(
+        mock.calls()
+            .iter()
+            .all(|c| c.finished_at.is_some() && c.status == 200)
+    );
+    assert_eq!(mock.stats().calls, 5);
+}
