@@ -513,7 +513,45 @@ pub(crate) fn switchyard_bin() -> PathBuf {
          (scripts/test.sh does), or set SWITCHYARD_BIN",
         bin.display()
     );
+    warn_if_stale(&bin);
     bin
+}
+
+/// `cargo test` does not rebuild another package's binary: say so (in the captured output shown
+/// on failure) when a source file of the crates behind it is newer than the binary.
+fn warn_if_stale(bin: &Path) {
+    let Ok(built) = std::fs::metadata(bin).and_then(|m| m.modified()) else {
+        return;
+    };
+    let crates = workspace_root().join("crates");
+    let mut stack = vec![crates];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                if !path.ends_with("target")
+                    && !path.ends_with("tests")
+                    && !path.ends_with("benches")
+                {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|x| x == "rs")
+                && e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t > built)
+            {
+                eprintln!(
+                    "WARNING: {} is newer than {}; run `cargo build -p switchyard` to test the current code",
+                    path.display(),
+                    bin.display()
+                );
+                return;
+            }
+        }
+    }
 }
 
 fn drain(
