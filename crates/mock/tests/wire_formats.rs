@@ -789,7 +789,7 @@ async fn ttft_and_pace_delay_first_and_last_token() {
     let mock = start(MockConfig {
         output_tokens: 5,
         tokens_per_sec: 20.0,
-        ttft_ms: 300,
+        ttft_ms: 500,
         ..MockConfig::default()
     })
     .await;
