@@ -64,7 +64,10 @@ pub fn classify_openai(ev: &SseEvent) -> StreamClass {
     // Fast path: the typed parse succeeds for every normal chunk; only the rare error or
     // malformed payload pays for a second, untyped parse.
     let chunk = match serde_json::from_str::<openai::ChatChunk>(data) {
-        Ok(chunk) if ev.event.as_deref() != Some("error") && !chunk.extra.contains_key("error") => {
+        Ok(chunk)
+            if ev.event.as_deref() != Some("error")
+                && chunk.extra.get("error").is_none_or(Value::is_null) =>
+        {
             chunk
         }
         _ => {
@@ -201,6 +204,14 @@ mod tests {
             StreamClass::Error(serde_json::from_str(err).unwrap())
         );
         assert_eq!(oa("{not json"), StreamClass::Malformed);
+    }
+
+    #[test]
+    fn classify_openai_chunk_with_null_error_member_is_content() {
+        let data = format!(
+            r#"{{{HEAD},"error":null,"choices":[{{"index":0,"delta":{{"content":"Hi"}}}}]}}"#
+        );
+        assert_eq!(oa(&data), StreamClass::Content);
     }
 
     #[test]
