@@ -40,6 +40,7 @@ enum Ev {
     Tick,
     Arrival,
     Turn(u32),
+    FirstByte(u32),
     AttemptDone(u32),
     Resume(u32),
 }
@@ -179,6 +180,10 @@ impl<'a> Engine<'a> {
                 Ev::Tick => self.tick(),
                 Ev::Arrival => self.arrival(),
                 Ev::Turn(s) => self.turn(s),
+                Ev::FirstByte(r) => {
+                    let p = self.reqs[r as usize].provider;
+                    self.strategy.on_first_byte(p, instant(self.now));
+                }
                 Ev::AttemptDone(r) => self.attempt_done(r),
                 Ev::Resume(r) => self.dispatch(r),
             }
@@ -345,7 +350,7 @@ impl<'a> Engine<'a> {
             let (s, t) = (u64::from(req.session), u64::from(req.turn));
             hash(sc.seed, &[s, t, u64::from(req.attempts), p as u64])
         };
-        let (outcome, latency) = self.providers[p].attempt(
+        let (outcome, latency, first_byte) = self.providers[p].attempt(
             spec,
             now,
             sc.request_timeout,
@@ -367,6 +372,10 @@ impl<'a> Engine<'a> {
         self.strategy.on_start(p, instant(now));
         self.acc.prov[p].attempts += 1;
         self.totals.attempts += 1;
+        if outcome == Outcome::Ok {
+            // Pushed first, so it is handled first even when it coincides with the end.
+            self.push(now + first_byte, Ev::FirstByte(r));
+        }
         self.push(now + latency, Ev::AttemptDone(r));
     }
 

@@ -98,7 +98,9 @@ impl ProviderState {
         }
     }
 
-    /// Decides the attempt's outcome and how long until the router learns it.
+    /// Decides the attempt's outcome, how long until the router learns it, and when the first
+    /// byte arrives (response headers for errors; the end of prefill for a success, which is
+    /// when a streaming router knows the provider accepted the work).
     ///
     /// Order of checks: outage window, rate-limit buckets (a rejected attempt consumes nothing),
     /// background errors, then latency against the timeout. Buckets are debited by admitted
@@ -109,11 +111,15 @@ impl ProviderState {
         now: Duration,
         timeout: Duration,
         inp: AttemptInput,
-    ) -> (Outcome, Duration) {
+    ) -> (Outcome, Duration, Duration) {
         let d = |salt: u64| mix(inp.dice ^ salt);
         for o in &spec.outages {
             if now >= o.start && now < o.end && unit(d(1)) < o.fraction {
-                return (Outcome::Server { status: o.status }, spec.error_latency);
+                return (
+                    Outcome::Server { status: o.status },
+                    spec.error_latency,
+                    spec.error_latency,
+                );
             }
         }
         let mut wait = 0.0f64;
@@ -151,7 +157,11 @@ impl ProviderState {
             let retry_after = spec
                 .retry_after
                 .unwrap_or_else(|| Duration::from_secs(wait.ceil().clamp(1.0, 60.0) as u64));
-            return (Outcome::RateLimited { retry_after }, spec.error_latency);
+            return (
+                Outcome::RateLimited { retry_after },
+                spec.error_latency,
+                spec.error_latency,
+            );
         }
         for (b, cost) in checks.iter_mut() {
             if let Some((_, bucket)) = b {
@@ -159,14 +169,19 @@ impl ProviderState {
             }
         }
         if unit(d(2)) < spec.error_rate.at(now) {
-            return (Outcome::Server { status: 500 }, spec.error_latency);
+            return (
+                Outcome::Server { status: 500 },
+                spec.error_latency,
+                spec.error_latency,
+            );
         }
         let l = &spec.latency;
         let ms = |o: Option<Duration>| o.map_or(0.0, |d| d.as_secs_f64());
-        let mut secs = l.base.as_secs_f64()
+        let prefill = l.base.as_secs_f64()
             + inp.uncached as f64 / 1000.0 * ms(l.per_1k_uncached)
-            + inp.cached as f64 / 1000.0 * ms(l.per_1k_cached)
-            + inp.output as f64 * ms(l.per_output_token);
+            + inp.cached as f64 / 1000.0 * ms(l.per_1k_cached);
+        let mut secs = prefill + inp.output as f64 * ms(l.per_output_token);
+        let first_share = if secs > 0.0 { prefill / secs } else { 1.0 };
         secs *= l.factor.at(now);
         if l.jitter > 0.0 {
             secs *= (l.jitter * normal(d(3), d(4))).exp();
@@ -178,9 +193,9 @@ impl ProviderState {
         }
         let latency = Duration::from_secs_f64(secs.max(0.0));
         if latency > timeout {
-            (Outcome::Timeout, timeout)
+            (Outcome::Timeout, timeout, timeout)
         } else {
-            (Outcome::Ok, latency)
+            (Outcome::Ok, latency, latency.mul_f64(first_share))
         }
     }
 }
@@ -253,7 +268,7 @@ mod tests {
     fn provider_latency_counts_uncached_tokens() {
         let s = spec();
         let mut p = ProviderState::new(&s);
-        let (o, l) = p.attempt(&s, Duration::ZERO, Duration::from_secs(60), input(1));
+        let (o, l, _) = p.attempt(&s, Duration::ZERO, Duration::from_secs(60), input(1));
         assert_eq!(o, Outcome::Ok);
         assert_eq!(l, Duration::from_millis(200));
     }
@@ -262,7 +277,7 @@ mod tests {
     fn provider_in_outage_window_fails_with_its_status() {
         let s = spec();
         let mut p = ProviderState::new(&s);
-        let (o, _) = p.attempt(
+        let (o, _, _) = p.attempt(
             &s,
             Duration::from_secs(150),
             Duration::from_secs(60),

@@ -223,6 +223,10 @@ pub struct SwitchyardSettings {
     /// it instead of spilling down the chain. `None` (default) = spill at once, as DESIGN §3.
     #[serde(deserialize_with = "de_opt_duration")]
     pub cache_hold: Option<Duration>,
+    /// How long after a pause ends the core's single-probe gate stays armed (`Pauses::admit`,
+    /// field case 2); `None` keeps the core default (60 s), `0s` disables the gate.
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub probe_gate: Option<Duration>,
     /// Availability-controller overrides; unset fields keep `ControllerConfig::default()`.
     pub controller: ControllerOverrides,
     /// Router-wide retry budget: retries ≤ ratio × first attempts over 10 s, plus
@@ -247,6 +251,7 @@ impl Default for SwitchyardSettings {
             pin_refresh_on_hit: true,
             skips_count_as_errors: true,
             cache_hold: None,
+            probe_gate: None,
             controller: ControllerOverrides::default(),
             retry_budget_ratio: Some(0.2),
             retry_budget_floor_per_sec: 10,

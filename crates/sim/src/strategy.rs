@@ -89,6 +89,8 @@ pub(crate) trait Strategy {
     fn pick(&mut self, project: u32, tried: u64, now: Instant, rng: &mut ChaCha8Rng) -> Pick;
     /// An attempt was sent.
     fn on_start(&mut self, _provider: usize, _now: Instant) {}
+    /// The first byte of a successful attempt arrived (end of prefill).
+    fn on_first_byte(&mut self, _provider: usize, _now: Instant) {}
     /// An attempt finished (latency as measured by the router).
     fn on_finish(&mut self, _provider: usize, _now: Instant, _latency: Duration, _o: Outcome) {}
     /// A request of `project` was served by `provider` (switchyard pins a failover target to

@@ -24,12 +24,12 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use switchyard_core::availability::{AvailabilityController, ControllerConfig, WindowCounts};
-use switchyard_core::breaker::{BreakerConfig, CircuitBreaker};
+use switchyard_core::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 use switchyard_core::budget::{FallbackThrottle, RetryBudget};
 use switchyard_core::chain::ChainPins;
 use switchyard_core::classify::{Classification, ErrorClass, class_for_status};
 use switchyard_core::p2c::{P2c, P2cConfig, ScoringMode};
-use switchyard_core::pause::{PausePolicy, Pauses};
+use switchyard_core::pause::{Admission, DEFAULT_PROBE_TIMEOUT, PausePolicy, Pauses};
 use switchyard_core::time::Instant;
 use switchyard_core::weights::cascade_weights;
 
@@ -94,7 +94,9 @@ impl Guards {
         let s = &sc.switchyard;
         Self {
             names: sc.providers.iter().map(|p| p.name.clone()).collect(),
-            pauses: Pauses::new(),
+            pauses: s.probe_gate.map_or_else(Pauses::new, |gate| {
+                Pauses::with_probe(DEFAULT_PROBE_TIMEOUT, gate)
+            }),
             policy: PausePolicy::default(),
             breakers: sc
                 .providers
@@ -134,22 +136,56 @@ impl Guards {
 
     /// First eligible provider of `order` for a request that tried `tried`; records the first
     /// attempt in the budget or charges a retry.
-    fn choose(&mut self, order: impl Iterator<Item = usize>, tried: u64, now: Instant) -> Pick {
+    ///
+    /// `hold` (simulator proposal, chat only, set for a first attempt of a project with a live
+    /// pin): the head of the order is where the project was last served and holds its prompt
+    /// cache; when it is paused (or gated behind a post-pause probe) for at most `hold`, the
+    /// request waits for it instead of spilling the whole context to a cold provider.
+    fn choose(
+        &mut self,
+        order: impl Iterator<Item = usize>,
+        tried: u64,
+        now: Instant,
+        hold: Option<Duration>,
+    ) -> Pick {
         let mut wake: Option<Instant> = None;
         let mut chosen = None;
-        for i in order {
+        for (pos, i) in order.enumerate() {
             if tried & (1u64 << i) != 0 {
                 continue;
             }
-            if let Some(t) = self.paused_until(i, now) {
-                wake = Some(wake.map_or(t, |w| w.min(t)));
+            // Pause first (a Retry-After or overload cooldown is the provider's own word), then
+            // the circuit, then the single-probe gate after a pause (`Pauses::admit`, field
+            // case 2), so that a provider whose circuit is open does not use up its probe.
+            let name = self.names[i].as_str();
+            let paused = self.pauses.paused_until(&[name], now);
+            let gated = match paused {
+                Some(until) => Some(until),
+                None if matches!(self.breakers[i].state(now), BreakerState::Open { .. }) => None,
+                None => match self.pauses.admit(&[name], now) {
+                    Admission::Paused { until } => Some(until),
+                    Admission::Open | Admission::Probe => None,
+                },
+            };
+            if let Some(until) = gated {
+                if pos == 0
+                    && let Some(h) = hold
+                    && until.saturating_since(now) <= h
+                {
+                    return Pick::WaitUntil(until);
+                }
+                wake = Some(wake.map_or(until, |w| w.min(until)));
                 self.skipped[i] += 1;
                 continue;
             }
-            if !self.breakers[i].try_acquire(now) {
+            if let BreakerState::Open { until } = self.breakers[i].state(now) {
                 self.skipped_open[i] += 1;
-                // Re-check soon: the cooldown is seconds long and its end is not exposed
-                // through `try_acquire`.
+                wake = Some(wake.map_or(until, |w| w.min(until)));
+                continue;
+            }
+            if !self.breakers[i].try_acquire(now) {
+                // Half-open with every trial permit out.
+                self.skipped_open[i] += 1;
                 let t = now + Duration::from_secs(1);
                 wake = Some(wake.map_or(t, |w| w.min(t)));
                 continue;
@@ -171,6 +207,11 @@ impl Guards {
             }
             None => wake.map_or(Pick::GiveUp, Pick::WaitUntil),
         }
+    }
+
+    /// A provider accepted work: a pending probe after a pause succeeded.
+    fn first_byte(&mut self, i: usize) {
+        self.pauses.probe_succeeded(&[self.names[i].as_str()]);
     }
 
     /// Feeds an outcome to breaker and pauses.
@@ -288,21 +329,12 @@ impl Strategy for Chat {
     fn pick(&mut self, project: u32, tried: u64, now: Instant, _: &mut ChaCha8Rng) -> Pick {
         let pinned = self.pins.peek(&self.keys[project as usize], now).is_some();
         let chain = self.chain(project, now);
-        // Cache hold (simulator proposal, off unless configured): the head of a live pin is
-        // where the project was last served, so it holds the project's prompt cache; when its
-        // pause ends within `hold`, a first attempt waits for it instead of spilling the whole
-        // context to a cold provider. A project without a live pin has no cache to protect
-        // and spills at once. Waiting is not counted in the controller window (counting it
-        // made the primary-60pct sweep collapse on one seed in nine).
-        if tried == 0
-            && pinned
-            && let (Some(hold), Some(&head)) = (self.hold, chain.first())
-            && let Some(until) = self.guards.paused_until(head, now)
-            && until.saturating_since(now) <= hold
-        {
-            return Pick::WaitUntil(until);
-        }
-        self.guards.choose(chain.into_iter(), tried, now)
+        let hold = if tried == 0 && pinned {
+            self.hold
+        } else {
+            None
+        };
+        self.guards.choose(chain.into_iter(), tried, now, hold)
     }
     fn on_finish(&mut self, p: usize, now: Instant, _: Duration, o: Outcome) {
         match o {
@@ -310,6 +342,9 @@ impl Strategy for Chat {
             _ => self.window[p].provider_errors += 1,
         }
         self.guards.record(p, now, o);
+    }
+    fn on_first_byte(&mut self, p: usize, _: Instant) {
+        self.guards.first_byte(p);
     }
     fn on_served(&mut self, project: u32, p: usize, now: Instant) {
         let key = &self.keys[project as usize];
@@ -365,10 +400,13 @@ impl Strategy for Embedding {
         };
         // The breaker gets the p2c choice first, then the rest in index order.
         let order = std::iter::once(first).chain(eligible.into_iter().filter(move |&i| i != first));
-        self.guards.choose(order, tried, now)
+        self.guards.choose(order, tried, now, None)
     }
     fn on_start(&mut self, p: usize, now: Instant) {
         self.p2c.on_start(p, now);
+    }
+    fn on_first_byte(&mut self, p: usize, _: Instant) {
+        self.guards.first_byte(p);
     }
     fn on_finish(&mut self, p: usize, now: Instant, latency: Duration, o: Outcome) {
         self.p2c.on_finish(p, now, latency, o == Outcome::Ok);
