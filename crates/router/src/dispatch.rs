@@ -158,6 +158,9 @@ pub struct ClientRequest {
     pub request_id: String,
     /// Modalities the provider's model must handle.
     pub modalities: Vec<Modality>,
+    /// Rough input-token estimate (request bytes / 4) used only when a provider reports no
+    /// usage; the quota broker's tokenizer-based estimate replaces it.
+    pub estimated_input_tokens: u64,
 }
 
 /// An error shown to the client in its own dialect.
@@ -1219,6 +1222,7 @@ async fn stream_attempt(
                             held.freeze(),
                             rest,
                             deadline,
+                            req.estimated_input_tokens,
                         ));
                     }
                 }
@@ -1239,6 +1243,7 @@ fn commit(
     held: Bytes,
     rest: Vec<SseItem>,
     deadline: switchyard_core::time::Instant,
+    estimated_input: u64,
 ) -> Response {
     let stream = async_stream::stream! {
         let mut guard = Some(guard);
@@ -1278,13 +1283,23 @@ fn commit(
                     break 'pump;
                 }
                 Ok(None) => {
-                    pending.extend(parser.finish());
-                    if pending.is_empty() {
-                        if !translator.is_finished() {
-                            failure = Some((ErrorClass::Server, "the provider's stream ended without finishing".to_owned()));
+                    // A clean end of the body. A half event left in the parser is dropped; a
+                    // provider that signalled the end but omitted its terminator gets one from
+                    // the translator; anything else was truncated.
+                    let tail = parser.finish();
+                    if !translator.is_finished() {
+                        let closing = translator.finish();
+                        let mut buf = BytesMut::new();
+                        closing.iter().for_each(|o| buf.extend_from_slice(&encode_item(o)));
+                        if !buf.is_empty() {
+                            yield Ok(buf.freeze());
                         }
-                        break 'pump;
                     }
+                    if !translator.is_finished() {
+                        let what = if tail.is_some() { "was cut mid-event" } else { "ended without finishing" };
+                        failure = Some((ErrorClass::Server, format!("the provider's stream {what}")));
+                    }
+                    break 'pump;
                 }
                 Ok(Some(Err(e))) => {
                     failure = Some((ErrorClass::Connect, format!("the provider's stream broke: {e}")));
@@ -1293,10 +1308,12 @@ fn commit(
                 Ok(Some(Ok(chunk))) => pending.extend(parser.push(&chunk)),
             }
         }
-        let usage = translator.usage().reported();
+        // Never record a stream as zero usage: reported figures when final, else estimates
+        // (field cases 15, 17).
+        let usage = translator.usage().finish(estimated_input);
         if let Some(g) = guard.take() {
             match &failure {
-                None => g.succeed(usage.as_ref()),
+                None => g.succeed(Some(&usage)),
                 Some((class, _)) => g.fail(*class),
             }
         }

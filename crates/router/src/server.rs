@@ -334,6 +334,7 @@ async fn prepare(
         .or_else(|| tenant.as_ref().map(|t| t.key.clone()))
         .unwrap_or_else(|| "anonymous".to_owned());
     let modalities = crate::dispatch::required_modalities(op, &body);
+    let estimated_input_tokens = u64::try_from(bytes.len() / 4).unwrap_or(u64::MAX);
     Ok((
         route_index,
         ClientRequest {
@@ -345,6 +346,7 @@ async fn prepare(
             tenant,
             request_id,
             modalities,
+            estimated_input_tokens,
         },
     ))
 }
