@@ -159,3 +159,76 @@ pub fn write_outputs(
     let summaries: Vec<RunSummary> = runs.iter().map(|r| r.summary.clone()).collect();
     write_summaries(&summaries, out_dir)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE_PROVIDER: &str = r#"
+name: single
+service: chat
+duration: 20m
+seed: 3
+providers:
+  - name: only
+    cache_ttl: 5m
+    latency: {base: 500ms, per_1k_uncached: 10ms, per_output_token: 5ms}
+traffic:
+  kind: sessions
+  projects: 50
+  sessions_per_minute: 6
+  turns: [5, 10]
+  turn_gap: 10s
+  initial_context: 1000
+  tokens_per_turn: 100
+  output_tokens: 50
+"#;
+
+    #[test]
+    fn run_single_unlimited_provider_serves_all_with_full_affinity() {
+        let sc = Scenario::from_yaml(ONE_PROVIDER).unwrap();
+        for kind in StrategyKind::ALL {
+            let r = run_scenario(&sc, kind);
+            let s = &r.summary;
+            assert!(s.requests > 500, "{kind}: {}", s.requests);
+            assert_eq!(s.client_errors, 0, "{kind}");
+            assert_eq!(s.affinity_retention, 1.0, "{kind}");
+            // Attempts still in flight when the run ends are sent but not finished.
+            assert_eq!(s.rate_limited + s.provider_errors, 0, "{kind}");
+            assert!(
+                s.attempts >= s.requests && s.attempts - s.requests < 20,
+                "{kind}"
+            );
+            // 40 intervals of 30 s.
+            assert_eq!(r.intervals.len(), 40, "{kind}");
+        }
+    }
+
+    #[test]
+    fn run_single_provider_uncached_tokens_are_first_turns_plus_deltas() {
+        let sc = Scenario::from_yaml(ONE_PROVIDER).unwrap();
+        let s = run_scenario(&sc, StrategyKind::Ordered).summary;
+        // Every turn after the first reuses the previous prompt (gaps are far below the TTL),
+        // so it only pays for the 150 tokens added since; first turns pay 1000.
+        let later_turns = s.affinity_turns;
+        let first_turns = s.requests - later_turns;
+        assert_eq!(s.uncached_tokens, first_turns * 1000 + later_turns * 150);
+    }
+
+    #[test]
+    fn write_outputs_creates_csv_chart_and_summaries() {
+        let sc = Scenario::from_yaml(ONE_PROVIDER).unwrap();
+        let runs = vec![run_scenario(&sc, StrategyKind::Switchyard)];
+        let dir = std::env::temp_dir().join(format!("switchyard-sim-test-{}", std::process::id()));
+        write_outputs(&sc, &runs, &dir).unwrap();
+        let run_dir = dir.join("single").join("switchyard");
+        let csv = std::fs::read_to_string(run_dir.join("timeseries.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 41);
+        assert!(csv.starts_with("interval_start_s,only_availability,only_weight"));
+        let svg = std::fs::read_to_string(run_dir.join("chart.svg")).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("affinity"));
+        let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+        assert!(md.contains("| switchyard |"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -265,6 +265,54 @@ mod tests {
     }
 
     #[test]
+    fn provider_overdraft_admits_while_positive_and_waits_out_the_debt() {
+        let mut s = spec();
+        s.admission = Admission::Overdraft;
+        s.rpm = None;
+        // 60 000 uncached tokens/min = 1000/s, depth 2 s = 2000 tokens.
+        s.itpm = Some(Schedule::constant(60_000.0));
+        let mut p = ProviderState::new(&s);
+        let t = Duration::from_secs(10);
+        let to = Duration::from_secs(60);
+        let big = |n| AttemptInput {
+            uncached: 5000,
+            cached: 0,
+            output: 0,
+            dice: n,
+        };
+        // Larger than the whole bucket, admitted because the bucket is positive: -3000 left.
+        assert_eq!(p.attempt(&s, t, to, big(1)).0, Outcome::Ok);
+        assert_eq!(
+            p.attempt(&s, t, to, big(2)).0,
+            Outcome::RateLimited {
+                retry_after: Duration::from_secs(3)
+            }
+        );
+        assert_eq!(
+            p.attempt(&s, t + Duration::from_millis(3001), to, big(3)).0,
+            Outcome::Ok
+        );
+    }
+
+    #[test]
+    fn provider_first_byte_is_the_prefill_share_of_latency() {
+        let mut s = spec();
+        s.latency.per_output_token = Some(Duration::from_millis(10));
+        let mut p = ProviderState::new(&s);
+        let inp = AttemptInput {
+            uncached: 2000,
+            cached: 0,
+            output: 100,
+            dice: 9,
+        };
+        let (o, l, fb) = p.attempt(&s, Duration::ZERO, Duration::from_secs(60), inp);
+        assert_eq!(o, Outcome::Ok);
+        // prefill 100 ms + 2 × 50 ms = 200 ms, decode 1000 ms.
+        assert_eq!(l, Duration::from_millis(1200));
+        assert_eq!(fb, Duration::from_millis(200));
+    }
+
+    #[test]
     fn provider_latency_counts_uncached_tokens() {
         let s = spec();
         let mut p = ProviderState::new(&s);
