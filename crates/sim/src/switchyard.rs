@@ -2,22 +2,28 @@
 //!
 //! Chat (DESIGN §3 steps 4–5 and 9, §4.1–4.5), per request:
 //! 1. chain = `ChainPins::chain(project, providers, weights, now)` (sticky weighted rendezvous,
-//!    pinned for `pin`);
+//!    sliding pins of `pin`);
 //! 2. walk the chain, skipping providers already tried by this request, paused by a
-//!    `Retry-After` (`Pauses`), or whose circuit breaker refuses (`CircuitBreaker::try_acquire`);
-//!    retries (not first attempts) also need the router's `RetryBudget` and, if configured, the
-//!    `FallbackThrottle`;
-//! 3. if nothing is eligible but something is paused, the request waits for the earliest pause
-//!    to end (bounded by `max_queue_wait`);
-//! 4. outcomes feed the breaker, the pause table (429 → pause for `Retry-After` plus jitter via
-//!    `PausePolicy`; 503 → overload cooldown) and the per-interval `WindowCounts`;
-//! 5. a request served by another provider than its chain's head moves that provider to the
+//!    `Retry-After` or overload cooldown (`Pauses::paused_until`), whose circuit is open
+//!    (`CircuitBreaker::state`), that are waiting for the single probe after a pause
+//!    (`Pauses::admit`, field case 2), or whose half-open breaker has no permit left
+//!    (`CircuitBreaker::try_acquire`); retries (not first attempts) also need the router's
+//!    `RetryBudget` and, if configured, the `FallbackThrottle`;
+//! 3. with `cache_hold` (simulator proposal), a first attempt of a project with a live pin
+//!    waits up to `cache_hold` for a paused head of its chain instead of spilling;
+//! 4. if nothing is eligible but something is paused or open, the request waits for the
+//!    earliest end (bounded by `max_queue_wait`);
+//! 5. outcomes feed the breaker, the pause table (429 → pause for `Retry-After` plus jitter via
+//!    `PausePolicy`; 503 → overload cooldown), the probe (first byte → `probe_succeeded`) and
+//!    the per-interval `WindowCounts`; skips of paused providers are counted as provider
+//!    errors of that window, skips of open circuits only while the window agrees (see `tick`);
+//! 6. a request served by another provider than its chain's head moves that provider to the
 //!    front (`ChainPins::move_to_front`), so the project follows its prompt cache;
-//! 6. every interval `T`: one `AvailabilityController::step` per provider, then
+//! 7. every interval `T`: one `AvailabilityController::step` per provider, then
 //!    `cascade_weights` over the availabilities.
 //!
-//! Embedding (DESIGN §4.6): `P2c` in latency mode over the untried, unpaused providers whose
-//! breaker admits; no chains (no cache to keep).
+//! Embedding (DESIGN §4.6): `P2c` in latency mode over the untried, unpaused providers, then
+//! the same pause/breaker walk starting with the p2c choice; no chains (no cache to keep).
 
 use std::time::Duration;
 
