@@ -53,6 +53,39 @@ fn primary_60pct_switchyard_meets_error_affinity_and_cache_targets() {
 }
 
 #[test]
+fn primary_60pct_other_seeds_keep_errors_and_affinity_targets() {
+    // The cache-miss cascade of docs/simulation.md ("Robustness") shows up on some seeds only;
+    // the error and affinity targets must hold on all of them. (The uncached-token saving
+    // against ordered depends on the baseline's luck: 33-50 % over these seeds.)
+    let base = scenario("primary-60pct.yaml");
+    for seed in 1..=8 {
+        let sc = base.with_seed(seed);
+        let s = run_scenario(&sc, StrategyKind::Switchyard).summary;
+        assert!(
+            s.client_error_rate <= 0.001 && s.affinity_retention >= 0.97,
+            "seed {seed}: errors {:.4}, affinity {:.4}",
+            s.client_error_rate,
+            s.affinity_retention
+        );
+    }
+}
+
+#[test]
+fn primary_outage_other_seeds_drop_availability_below_0_1_within_two_intervals() {
+    let base = scenario("primary-outage.yaml");
+    for seed in 1..=8 {
+        let sc = base.with_seed(seed);
+        let run = run_scenario(&sc, StrategyKind::Switchyard);
+        let p = run.provider("anthropic").unwrap();
+        let a = availability(&run, interval_index(&sc, 20) + 1, p);
+        assert!(
+            a < 0.1,
+            "seed {seed}: availability after two intervals {a:.3}"
+        );
+    }
+}
+
+#[test]
 fn primary_outage_failed_provider_availability_below_0_1_within_two_intervals() {
     let sc = scenario("primary-outage.yaml");
     let run = run_scenario(&sc, StrategyKind::Switchyard);
