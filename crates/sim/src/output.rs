@@ -185,7 +185,13 @@ type Series = Vec<(String, Vec<(f64, f64)>)>;
 /// One chart panel: title, series, fixed y range (or auto).
 type Panel<'a> = (&'a str, Series, Option<(f64, f64)>);
 
-fn per_provider(run: &RunResult, f: impl Fn(&IntervalRow, usize) -> Option<f64>) -> Series {
+/// One series per provider; `shift` (minutes) moves the points, e.g. to the interval end for
+/// values computed there (availability, weight).
+fn per_provider(
+    run: &RunResult,
+    shift: f64,
+    f: impl Fn(&IntervalRow, usize) -> Option<f64>,
+) -> Series {
     run.providers
         .iter()
         .enumerate()
@@ -193,7 +199,7 @@ fn per_provider(run: &RunResult, f: impl Fn(&IntervalRow, usize) -> Option<f64>)
             let pts = run
                 .intervals
                 .iter()
-                .filter_map(|r| f(r, i).map(|v| (r.start.as_secs_f64() / 60.0, v)))
+                .filter_map(|r| f(r, i).map(|v| (r.start.as_secs_f64() / 60.0 + shift, v)))
                 .collect();
             (name.clone(), pts)
         })
@@ -217,30 +223,36 @@ fn draw_err<E: std::fmt::Debug>(e: E) -> SimError {
 /// Draws the run's chart: availability, weight, traffic share, errors, 429s, affinity,
 /// uncached tokens and p95 latency over time, one panel each.
 pub(crate) fn write_chart(path: &Path, title: &str, run: &RunResult) -> Result<(), SimError> {
+    // Counts are plotted at the start of their interval, availability and weight at its end
+    // (where the controller computed them).
+    let t = run
+        .intervals
+        .get(1)
+        .map_or(0.0, |r| r.start.as_secs_f64() / 60.0);
     let panels: Vec<Panel<'_>> = vec![
         (
             "availability",
-            per_provider(run, |r, i| r.providers[i].availability),
+            per_provider(run, t, |r, i| r.providers[i].availability),
             Some((0.0, 1.05)),
         ),
         (
             "weight",
-            per_provider(run, |r, i| r.providers[i].weight),
+            per_provider(run, t, |r, i| r.providers[i].weight),
             Some((0.0, 1.05)),
         ),
         (
             "traffic share",
-            per_provider(run, |r, i| Some(r.providers[i].share)),
+            per_provider(run, 0.0, |r, i| Some(r.providers[i].share)),
             Some((0.0, 1.05)),
         ),
         (
             "provider errors (5xx, timeouts) per interval",
-            per_provider(run, |r, i| Some(r.providers[i].errors as f64)),
+            per_provider(run, 0.0, |r, i| Some(r.providers[i].errors as f64)),
             None,
         ),
         (
             "429s per interval",
-            per_provider(run, |r, i| Some(r.providers[i].rate_limited as f64)),
+            per_provider(run, 0.0, |r, i| Some(r.providers[i].rate_limited as f64)),
             None,
         ),
         (
@@ -274,7 +286,7 @@ pub(crate) fn write_chart(path: &Path, title: &str, run: &RunResult) -> Result<(
     let x_max = run
         .intervals
         .last()
-        .map_or(1.0, |r| r.start.as_secs_f64() / 60.0)
+        .map_or(1.0, |r| r.start.as_secs_f64() / 60.0 + t)
         .max(1.0);
     for (area, (name, series, range)) in areas.iter().zip(panels) {
         let y_max = range.map_or_else(
