@@ -1,0 +1,326 @@
+#!/usr/bin/env bash
+# Load benchmark: the router against the mock provider, direct-to-mock as the baseline.
+#
+#   bench/load.sh                 # full run (~5 min), writes docs/benchmarks.md and bench/results/
+#   REPS=5 DURATION=10 bench/load.sh
+#
+# What it does, in one run:
+#   1. installs wrk (Debian package) if missing, builds `switchyard` in release mode;
+#   2. writes a manifest folder in a temp dir: one OpenAI-kind LLMProvider pointing at the
+#      mock, one RoutingPolicy (affinity on x-project-id), one TenantQuota with a key file;
+#   3. starts the mock (latency 0, unpaced, short answers) and the router as separate processes
+#      on loopback; both are killed on exit;
+#   4. matrix: {non-streaming, streaming} x concurrency {1, 16, 64} x {direct, router}, REPS
+#      interleaved repetitions of DURATION seconds per cell (order alternates per rep) after a
+#      short warm-up of each target;
+#   5. memory: a fresh router, RSS at start, after KEYS requests each with a distinct
+#      x-project-id, and after a second batch of KEYS new ids;
+#   6. bench/summarize.py takes medians and writes the Markdown report and the raw results.
+#
+# Environment knobs: SWITCHYARD_BIN (use this binary, skip the build), NICE (0), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
+# ("1 16 64"), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as shipped),
+# REPORT (docs/benchmarks.md), RESULTS (bench/results).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+# The exact command, with the knobs that were set, for the report.
+COMMAND_LINE="bench/load.sh"
+for knob in SWITCHYARD_BIN NICE ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
+  if [[ -n "${!knob+x}" ]]; then
+    COMMAND_LINE="$knob='${!knob}' $COMMAND_LINE"
+  fi
+done
+
+REPS="${REPS:-3}"
+DURATION="${DURATION:-5}"
+WARMUP="${WARMUP:-1}"
+KEYS="${KEYS:-100000}"
+CONCURRENCY="${CONCURRENCY:-1 16 64}"
+OUTPUT_TOKENS="${OUTPUT_TOKENS:-8}"
+REPORT="${REPORT:-$ROOT/docs/benchmarks.md}"
+RESULTS="${RESULTS:-$ROOT/bench/results}"
+# NICE=-10 runs mock, router and wrk at a higher priority than other work on a shared machine.
+NICE="${NICE:-0}"
+RUN=(nice -n "$NICE")
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# --- tools -------------------------------------------------------------------------------
+if ! command -v wrk >/dev/null; then
+  log "installing wrk"
+  SUDO=""
+  [[ "$(id -u)" -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq wrk
+fi
+command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
+
+if [[ -n "${SWITCHYARD_BIN:-}" ]]; then
+  BIN="$SWITCHYARD_BIN"
+  log "using $BIN (not rebuilt)"
+else
+  log "building switchyard (release)"
+  cargo build --release -p switchyard --quiet
+  TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+  BIN="$TARGET_DIR/release/switchyard"
+fi
+BIN_BUILT="$(date -u -r "$BIN" +%FT%TZ)"
+
+# --- configuration -----------------------------------------------------------------------
+WORK="$(mktemp -d -t switchyard-bench.XXXXXX)"
+PIDS=()
+# The whole run uses one copy of the binary, even if a build replaces the original meanwhile.
+cp "$BIN" "$WORK/switchyard"
+BIN="$WORK/switchyard"
+cleanup() {
+  for pid in "${PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+MOCK_PORT="$(free_port)"
+ROUTER_PORT="$(free_port)"
+while [[ "$ROUTER_PORT" == "$MOCK_PORT" ]]; do ROUTER_PORT="$(free_port)"; done
+KEY="sk-bench-$(date +%s)"
+
+mkdir -p "$WORK/manifests" "$WORK/secrets/bench-keys"
+printf '%s' "$KEY" >"$WORK/secrets/bench-keys/bench"
+cat >"$WORK/manifests/bench.yaml" <<EOF
+apiVersion: switchyard.dev/v1alpha1
+kind: LLMProvider
+metadata:
+  name: bench-mock
+spec:
+  api: openai
+  endpoint: http://127.0.0.1:$MOCK_PORT
+  region: local
+  models:
+    - name: bench-chat
+      upstreamName: bench-upstream
+  timeouts: {connect: 2s, total: 60s}
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: RoutingPolicy
+metadata:
+  name: bench-chat
+spec:
+  model: bench-chat
+  serviceType: chat
+  providers:
+    - name: bench-mock
+  affinity: {header: x-project-id, pinDuration: 30m}
+  deadline: 60s
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: TenantQuota
+metadata:
+  name: bench
+spec:
+  apiKeys:
+    - name: bench
+      secretRef: {name: bench-keys, key: bench}
+EOF
+
+wait_http() { # url
+  for _ in $(seq 1 200); do
+    if curl -s -o /dev/null --max-time 1 "$1"; then return 0; fi
+    sleep 0.05
+  done
+  echo "nothing answers at $1" >&2
+  return 1
+}
+
+ROUTER_PID=""
+start_router() {
+  if [[ -n "${ROUTER_LOG:-}" ]]; then
+    RUST_LOG="$ROUTER_LOG" "${RUN[@]}" "$BIN" standalone --manifests "$WORK/manifests" \
+      --listen "127.0.0.1:$ROUTER_PORT" --secrets-dir "$WORK/secrets" 2>>"$WORK/router.log" &
+  else
+    env -u RUST_LOG "${RUN[@]}" "$BIN" standalone --manifests "$WORK/manifests" \
+      --listen "127.0.0.1:$ROUTER_PORT" --secrets-dir "$WORK/secrets" 2>>"$WORK/router.log" &
+  fi
+  ROUTER_PID=$!
+  PIDS+=("$ROUTER_PID")
+  wait_http "http://127.0.0.1:$ROUTER_PORT/healthz"
+}
+stop_router() {
+  kill "$ROUTER_PID" 2>/dev/null || true
+  wait "$ROUTER_PID" 2>/dev/null || true
+}
+# utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/PID/stat).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICKS="$(getconf CLK_TCK)"
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$ROUTER_PID/status"; }
+hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$ROUTER_PID/status"; }
+
+log "starting mock on 127.0.0.1:$MOCK_PORT and router on 127.0.0.1:$ROUTER_PORT"
+env -u RUST_LOG "${RUN[@]}" "$BIN" mock-provider --listen "127.0.0.1:$MOCK_PORT" --name bench-mock \
+  --latency-ms 0 --ttft-ms 0 --tokens-per-sec 0 --output-tokens "$OUTPUT_TOKENS" \
+  2>>"$WORK/mock.log" &
+MOCK_PID=$!
+PIDS+=("$MOCK_PID")
+wait_http "http://127.0.0.1:$MOCK_PORT/v1/models"
+start_router
+
+# A request through each path must succeed before anything is timed.
+for url in "http://127.0.0.1:$MOCK_PORT" "http://127.0.0.1:$ROUTER_PORT"; do
+  code="$(curl -s -o "$WORK/probe.json" -w '%{http_code}' "$url/v1/chat/completions" \
+    -H "Authorization: Bearer $KEY" -H 'content-type: application/json' -H 'x-project-id: probe' \
+    -d '{"model":"bench-chat","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}')"
+  if [[ "$code" != 200 ]]; then
+    echo "probe of $url answered $code:" >&2
+    cat "$WORK/probe.json" >&2
+    exit 1
+  fi
+done
+
+# --- matrix ------------------------------------------------------------------------------
+mkdir -p "$RESULTS"
+RAW="$WORK/raw.jsonl"
+: >"$RAW"
+
+# run_wrk TARGET MODE CONC SECONDS REP [extra env...]: one wrk run, its result line appended.
+run_wrk() {
+  local target="$1" mode="$2" conc="$3" seconds="$4" rep="$5"
+  shift 5
+  local port="$MOCK_PORT" threads=2 stream=0
+  [[ "$target" == router ]] && port="$ROUTER_PORT"
+  [[ "$conc" -lt 2 ]] && threads=1
+  [[ "$mode" == stream ]] && stream=1
+  local label
+  label="$(printf '{"target":"%s","mode":"%s","concurrency":%d,"rep":%d}' "$target" "$mode" "$conc" "$rep")"
+  local out cpu0 cpu1
+  cpu0="$(cpu_ticks "$ROUTER_PID") $(cpu_ticks "$MOCK_PID")"
+  out="$(env "$@" BENCH_STREAM="$stream" BENCH_KEY="$KEY" BENCH_LABEL="$label" \
+    "${RUN[@]}" wrk -t "$threads" -c "$conc" -d "${seconds}s" --timeout 10s -s "$ROOT/bench/chat.lua" \
+    "http://127.0.0.1:$port/v1/chat/completions")"
+  local line
+  line="$(grep '^BENCH_RESULT ' <<<"$out" | sed 's/^BENCH_RESULT //')"
+  if [[ -z "$line" ]]; then
+    echo "wrk printed no result:" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  cpu1="$(cpu_ticks "$ROUTER_PID") $(cpu_ticks "$MOCK_PID")"
+  read -r r0 m0 <<<"$cpu0"
+  read -r r1 m1 <<<"$cpu1"
+  # CPU seconds (user + system) the router and the mock spent during this run.
+  printf '%s,"router_cpu_s":%s,"mock_cpu_s":%s}\n' "${line%\}}" \
+    "$(awk -v a="$r0" -v b="$r1" -v t="$TICKS" 'BEGIN {printf "%.2f", (b - a) / t}')" \
+    "$(awk -v a="$m0" -v b="$m1" -v t="$TICKS" 'BEGIN {printf "%.2f", (b - a) / t}')"
+}
+
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
+RSS_START_KIB="$(rss_kib)"
+STARTED="$(date -u +%FT%TZ)"
+log "matrix: modes {plain, stream} x concurrency {$CONCURRENCY} x {direct, router}, $REPS reps of ${DURATION}s"
+for mode in plain stream; do
+  for conc in $CONCURRENCY; do
+    run_wrk direct "$mode" "$conc" "$WARMUP" 0 >/dev/null
+    run_wrk router "$mode" "$conc" "$WARMUP" 0 >/dev/null
+    for rep in $(seq 1 "$REPS"); do
+      if ((rep % 2 == 1)); then order="direct router"; else order="router direct"; fi
+      for target in $order; do
+        line="$(run_wrk "$target" "$mode" "$conc" "$DURATION" "$rep")"
+        printf '%s\n' "$line" >>"$RAW"
+        log "$mode c=$conc rep $rep $target: $(python3 "$ROOT/bench/summarize.py" --line "$line")"
+      done
+    done
+  done
+done
+RSS_AFTER_MATRIX_KIB="$(rss_kib)"
+LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+# --- memory ------------------------------------------------------------------------------
+mock_calls() {
+  curl -s "http://127.0.0.1:$MOCK_PORT/admin/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["calls"])'
+}
+# distinct_batch PREFIX: KEYS requests through the router, each with a new x-project-id. Every
+# wrk thread stops itself after its share; wrk itself only exits at -d, so once the mock has seen
+# all the calls and the count stands still, wrk is interrupted (it reports on SIGINT).
+distinct_batch() {
+  local prefix="$1" out="$WORK/batch-$1.txt" label before now last=-1
+  label="$(printf '{"target":"router","mode":"plain","concurrency":64,"batch":"%s"}' "$prefix")"
+  before="$(mock_calls)"
+  env BENCH_DISTINCT=1 BENCH_PREFIX="$prefix" BENCH_LIMIT="$(((KEYS + 1) / 2))" BENCH_KEY="$KEY" \
+    BENCH_LABEL="$label" "${RUN[@]}" wrk -t 2 -c 64 -d 300s --timeout 10s \
+    -s "$ROOT/bench/chat.lua" "http://127.0.0.1:$ROUTER_PORT/v1/chat/completions" >"$out" &
+  local wrk_pid=$!
+  while kill -0 "$wrk_pid" 2>/dev/null; do
+    sleep 0.5
+    now="$(mock_calls)"
+    if ((now - before >= KEYS && now == last)); then
+      kill -INT "$wrk_pid" 2>/dev/null || true
+      break
+    fi
+    last="$now"
+  done
+  wait "$wrk_pid" || true
+  grep '^BENCH_RESULT ' "$out" | sed 's/^BENCH_RESULT //'
+}
+
+log "memory: fresh router, $KEYS requests with distinct x-project-id, twice"
+stop_router
+start_router
+sleep 1
+MEM_RSS0="$(rss_kib)"
+MEM_RUN1="$(distinct_batch a)"
+sleep 1
+MEM_RSS1="$(rss_kib)"
+MEM_RUN2="$(distinct_batch b)"
+sleep 1
+MEM_RSS2="$(rss_kib)"
+MEM_HWM="$(hwm_kib)"
+log "router RSS: start $MEM_RSS0 KiB, after batch 1 $MEM_RSS1 KiB, after batch 2 $MEM_RSS2 KiB"
+
+# --- machine and report ------------------------------------------------------------------
+CPU_MODEL="$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
+MEM_TOTAL_KIB="$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
+cat >"$WORK/meta.json" <<EOF
+{
+  "started": "$STARTED",
+  "finished": "$(date -u +%FT%TZ)",
+  "command": "$COMMAND_LINE",
+  "git_commit": "$(git describe --always --dirty 2>/dev/null || echo unknown)",
+  "binary": "$BIN",
+  "binary_built": "$BIN_BUILT",
+  "nproc": $(nproc),
+  "nice": $NICE,
+  "cpu_model": "$CPU_MODEL",
+  "mem_total_kib": $MEM_TOTAL_KIB,
+  "kernel": "$(uname -r)",
+  "wrk": "$(wrk -v 2>&1 | head -1 | awk '{print $2}')",
+  "loadavg_before": "$LOAD_BEFORE",
+  "loadavg_after": "$LOAD_AFTER",
+  "reps": $REPS,
+  "duration_s": $DURATION,
+  "warmup_s": $WARMUP,
+  "output_tokens": $OUTPUT_TOKENS,
+  "router_log": "${ROUTER_LOG:-default (info)}",
+  "router_rss_start_kib": $RSS_START_KIB,
+  "router_rss_after_matrix_kib": $RSS_AFTER_MATRIX_KIB,
+  "memory": {
+    "keys_per_batch": $KEYS,
+    "rss_start_kib": $MEM_RSS0,
+    "rss_after_batch1_kib": $MEM_RSS1,
+    "rss_after_batch2_kib": $MEM_RSS2,
+    "hwm_kib": $MEM_HWM,
+    "batch1": $MEM_RUN1,
+    "batch2": $MEM_RUN2
+  }
+}
+EOF
+python3 "$ROOT/bench/summarize.py" --raw "$RAW" --meta "$WORK/meta.json" \
+  --results "$RESULTS" --report "$REPORT"
+log "wrote $REPORT and $RESULTS/"
