@@ -544,3 +544,66 @@ async fn case_22_rate_limit_on_turn_6_moves_affinity_without_flip_flop() {
         stack.mock("p-a").calls()
     );
 }
+
+/// Sends fresh-project requests until one is served by `want`; panics after `within`.
+async fn until_served_by(stack: &Stack, want: &str, within: Duration) -> Duration {
+    let t0 = Instant::now();
+    let mut i = 0;
+    loop {
+        i += 1;
+        let r = stack.chat(MODEL, Some(&format!("reload-{i}"))).await;
+        if r.status == 200 && r.provider().as_deref() == Some(want) {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < within,
+            "not served by {want} within {within:?}; last: {} {:?} {}",
+            r.status,
+            r.provider(),
+            r.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_reloads_manifests_and_keeps_last_good_config_on_invalid_change() {
+    let _g = serial().await;
+    let setup = |providers: &[&str]| {
+        Setup::new()
+            .provider(Provider::openai("p1"))
+            .provider(Provider::openai("p2"))
+            .policy(Policy::chat(MODEL, providers))
+    };
+    let stack = Stack::start(setup(&["p1"])).await;
+    until_served_by(&stack, "p1", Duration::from_secs(1)).await;
+
+    // A valid edit: the policy now lists only p2.
+    stack.rewrite_manifests(&setup(&["p2"]));
+    until_served_by(&stack, "p2", Duration::from_secs(10)).await;
+
+    // An invalid edit (a reference to a provider that does not exist): reported, and the last
+    // good config keeps serving.
+    stack.rewrite_manifests(&setup(&["no-such-provider"]));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for i in 0..5 {
+        let r = stack.chat(MODEL, Some(&format!("after-invalid-{i}"))).await;
+        assert_eq!(
+            r.status, 200,
+            "invalid config replaced the good one: {}",
+            r.body
+        );
+        assert_eq!(r.provider().as_deref(), Some("p2"));
+    }
+    let status = stack.status().await.to_string();
+    assert!(
+        status.contains("no-such-provider"),
+        "the invalid change is not reported in /status: {status}"
+    );
+    // Broken YAML as well.
+    stack.write_manifest_text("kind: [unclosed\n");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let r = stack.chat(MODEL, Some("after-broken-yaml")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.provider().as_deref(), Some("p2"));
+}

@@ -365,6 +365,26 @@ impl Stack {
         self.epoch.elapsed()
     }
 
+    /// Rewrites the manifest folder from `setup` (same mocks, found by provider name), as an
+    /// operator editing the files would; the router's watcher picks the change up.
+    pub(crate) fn rewrite_manifests(&self, setup: &Setup) {
+        let addrs: BTreeMap<String, SocketAddr> = self
+            .mocks
+            .iter()
+            .map(|(name, m)| (name.clone(), m.addr()))
+            .collect();
+        self.write_manifest_text(&manifests(setup, &addrs));
+    }
+
+    /// Replaces the manifest file with `text` (which may be invalid, to test reload errors).
+    pub(crate) fn write_manifest_text(&self, text: &str) {
+        let path = self.dir.path().join("manifests/e2e.yaml");
+        // Write then rename, so the watcher never reads a half-written file.
+        let tmp = self.dir.path().join("e2e.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+
     /// The mock behind a provider.
     pub(crate) fn mock(&self, name: &str) -> &MockHandle {
         self.mocks
