@@ -1,5 +1,6 @@
-//! The official OpenAI and Anthropic Python SDKs against a real router (issue 4, "Must show":
-//! chat with and without streaming, tools, embeddings, messages with streaming; responses parse).
+//! The official OpenAI and Anthropic Python SDKs, and curl, against a real router (issue 4,
+//! "Must show": chat with and without streaming, tools, embeddings, messages with streaming;
+//! responses parse; DESIGN §6 names the same three clients).
 //!
 //! The SDKs run from the venv that `scripts/setup-venv.sh` creates at `<repo>/.venv` (override
 //! with `SWITCHYARD_PYTHON`). Under CI (`CI=true`) a missing venv fails the test; on a developer
@@ -391,4 +392,99 @@ async fn anthropic_sdk_messages_and_streams_parse_through_router() {
     assert!(stack.calls_on("an", "/v1/messages") >= 4);
     // Cross-dialect requests landed on the OpenAI provider's chat endpoint.
     assert!(stack.calls_on("oa", "/v1/chat/completions") >= 2);
+}
+
+/// `curl`, or `None` (skip) outside CI when it is missing.
+fn curl() -> Option<&'static str> {
+    let found = std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some("curl");
+    }
+    assert!(!in_ci(), "curl not found (.ci/run installs it)");
+    eprintln!("SKIPPED: curl not found");
+    None
+}
+
+async fn run_curl(args: &[&str]) -> String {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "--silent",
+            "--show-error",
+            "--noproxy",
+            "*",
+            "--max-time",
+            "30",
+        ])
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("curl did not start");
+    assert!(
+        out.status.success(),
+        "curl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_posts_and_streams_through_router() {
+    let _g = serial().await;
+    let Some(_) = curl() else { return };
+    let stack = Stack::start(sdk_setup()).await;
+    let url = |p: &str| stack.url(p);
+    let auth = format!("Authorization: Bearer {KEY}");
+    let chat = r#"{"model":"gpt-e2e","messages":[{"role":"user","content":"hi"}]}"#;
+    let out = run_curl(&[
+        "-H",
+        &auth,
+        "-H",
+        "content-type: application/json",
+        "-d",
+        chat,
+        &url("/v1/chat/completions"),
+    ])
+    .await;
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(
+        !v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "{v}"
+    );
+
+    // -N: no buffering, as a terminal user would stream.
+    let stream = r#"{"model":"claude-e2e","max_tokens":32,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let out = run_curl(&[
+        "-N",
+        "-H",
+        &format!("x-api-key: {KEY}"),
+        "-H",
+        "content-type: application/json",
+        "-d",
+        stream,
+        &url("/v1/messages"),
+    ])
+    .await;
+    let mut buf = out.clone();
+    let mut events = Vec::new();
+    let mut comments = 0;
+    common::parse_sse(&mut buf, Duration::ZERO, &mut events, &mut comments);
+    let names: Vec<String> = events.iter().filter_map(|e| e.event.clone()).collect();
+    assert_eq!(
+        names.first().map(String::as_str),
+        Some("message_start"),
+        "{out}"
+    );
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("message_stop"),
+        "{out}"
+    );
+    assert!(buf.trim().is_empty(), "stream ended mid-event: {buf:?}");
 }
