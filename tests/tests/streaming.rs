@@ -185,6 +185,32 @@ async fn case_19a_nothing_can_serve_gives_http_503_without_sse_framing() {
         assert_eq!(stack.mock("p-a").call_count(), 1, "{path}");
         assert_eq!(stack.mock("p-b").call_count(), 1, "{path}");
     }
+
+    // One of the two gave a Retry-After (P-A: HTTP 529 with `Retry-After: 2`): the client's 503
+    // carries one too.
+    let stack = Stack::start(pair(
+        Provider::anthropic("p-a").mock(faults(Fault::Overloaded {
+            status: 529,
+            retry_after: Some(2),
+        })),
+        Provider::anthropic("p-b").mock(f()),
+        &[],
+    ))
+    .await;
+    let s = stack
+        .stream(MESSAGES, Some("proj"), messages_body(MODEL, "hi", true))
+        .await;
+    assert_eq!(s.status, 503, "{}", s.describe());
+    let ra = common::header(&s.headers, "retry-after").unwrap_or_else(|| {
+        panic!(
+            "503 without Retry-After though P-A sent one: {}",
+            s.describe()
+        )
+    });
+    let ra: u64 = ra
+        .parse()
+        .unwrap_or_else(|_| panic!("Retry-After {ra:?} is not seconds"));
+    assert!(ra >= 1, "Retry-After {ra}");
 }
 
 fn cut_after_20() -> impl FnOnce(&mut switchyard_mock::MockConfig) {
