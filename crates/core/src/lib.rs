@@ -13,6 +13,7 @@ pub mod chain;
 pub mod classify;
 pub mod p2c;
 pub mod pause;
+pub mod queue;
 pub mod quota;
 pub mod retry_after;
 pub mod time;
