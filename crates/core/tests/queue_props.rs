@@ -374,3 +374,36 @@ proptest! {
         prop_assert!(room.is_empty());
     }
 }
+
+proptest! {
+    #[test]
+    fn drr_backlogged_tenants_share_by_weight(
+        weights in prop::collection::vec(1u32..6, 2..5),
+        quantum in 1u64..2_000,
+        seed in any::<u64>(),
+    ) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut room = WaitingRoom::new(vec![class("batch", quantum, 64, 1_024, OverloadAction::Reject)]);
+        let now = Instant::ZERO;
+        for (i, &w) in weights.iter().enumerate() {
+            for _ in 0..32 {
+                room.push(entry("batch", &format!("t{i}"), w, rng.random_range(1..1_000), LATE, 0), now).unwrap();
+            }
+        }
+        let mut served = vec![0u64; weights.len()];
+        for _ in 0..3_000 {
+            let q = room.pop_ready(now, |_| true).unwrap();
+            let i: usize = q.entry.tenant[1..].parse().unwrap();
+            served[i] += q.entry.cost;
+            let cost = rng.random_range(1..1_000);
+            room.push(entry("batch", &q.entry.tenant, weights[i], cost, LATE, 0), now).unwrap();
+        }
+        let total: u64 = served.iter().sum();
+        let wsum: u32 = weights.iter().sum();
+        for (i, &w) in weights.iter().enumerate() {
+            let share = served[i] as f64 / total as f64;
+            let want = f64::from(w) / f64::from(wsum);
+            prop_assert!((share / want - 1.0).abs() <= 0.10, "tenant {} share {} want {} ({:?})", i, share, want, served);
+        }
+    }
+}

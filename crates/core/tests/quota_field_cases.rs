@@ -846,3 +846,145 @@ fn time_going_backwards_credits_nothing() {
     assert_eq!(ledger.level(b, Instant::from_millis(5_000), t0()), Some(0));
     assert_eq!(ledger.level(b, Instant::from_millis(11_000), t0()), Some(1));
 }
+
+#[test]
+fn window_settled_after_reset_drops_the_credit_and_charges_the_overrun_to_the_new_window() {
+    let mut ledger = Ledger::new();
+    let before_midnight = wall(2026, 11, 30, 23, 59, 0);
+    let after_midnight = wall(2026, 12, 1, 0, 1, 0);
+    let b = ledger
+        .register(
+            spec(
+                "t1/otpd",
+                tenant("t1"),
+                Dimension::OutputTokens,
+                daily(10_000, Tz::UTC),
+            ),
+            Instant::ZERO,
+            before_midnight,
+        )
+        .unwrap();
+    let d = Demand {
+        output_tokens: 4_000,
+        ..Demand::default()
+    };
+    let credit = ledger
+        .reserve(&[b], d, Instant::ZERO, before_midnight, FAR)
+        .unwrap();
+    let overrun = ledger
+        .reserve(&[b], d, Instant::ZERO, before_midnight, FAR)
+        .unwrap();
+    let used = |output| Usage {
+        output,
+        ..Usage::default()
+    };
+    ledger
+        .reconcile(credit, used(1_000), Instant::ZERO, after_midnight)
+        .unwrap();
+    assert_eq!(
+        ledger.level(b, Instant::ZERO, after_midnight),
+        Some(10_000),
+        "yesterday's credit is not today's"
+    );
+    ledger
+        .reconcile(overrun, used(5_500), Instant::ZERO, after_midnight)
+        .unwrap();
+    assert_eq!(ledger.level(b, Instant::ZERO, after_midnight), Some(8_500));
+}
+
+#[test]
+fn refusal_prefers_a_known_wait_over_a_concurrency_release() {
+    let mut ledger = Ledger::new();
+    let conc = ledger
+        .register(
+            spec(
+                "t1/conc",
+                tenant("t1"),
+                Dimension::Concurrency,
+                Rule::Concurrency { limit: 1 },
+            ),
+            Instant::ZERO,
+            t0(),
+        )
+        .unwrap();
+    let rpm = ledger
+        .register(
+            spec(
+                "t1/rpm",
+                tenant("t1"),
+                Dimension::Requests,
+                Rule::TokenBucket {
+                    capacity: 1,
+                    period: Duration::from_secs(5),
+                },
+            ),
+            Instant::ZERO,
+            t0(),
+        )
+        .unwrap();
+    let one = Demand {
+        requests: 1,
+        ..Demand::default()
+    };
+    ledger
+        .reserve(&[conc, rpm], one, Instant::ZERO, t0(), FAR)
+        .unwrap();
+    let r = refusal(
+        ledger
+            .reserve(&[conc, rpm], one, Instant::ZERO, t0(), FAR)
+            .unwrap_err(),
+    );
+    assert_eq!(r.bucket, rpm);
+    assert_eq!(r.reason, "tenant_requests");
+    assert_eq!(r.wait, Wait::After(Duration::from_secs(5)));
+}
+
+#[test]
+fn invalid_specs_are_refused_with_a_reason() {
+    let mut ledger = Ledger::new();
+    let bad = [
+        spec(
+            "a",
+            tenant("t1"),
+            Dimension::Requests,
+            Rule::Concurrency { limit: 1 },
+        ),
+        spec(
+            "b",
+            tenant("t1"),
+            Dimension::Requests,
+            Rule::TokenBucket {
+                capacity: 1,
+                period: Duration::ZERO,
+            },
+        ),
+        spec(
+            "c",
+            tenant("t1"),
+            Dimension::Requests,
+            Rule::FixedWindow {
+                capacity: 1,
+                period: Duration::from_secs(3_600),
+                reset_at: Some((0, 0)),
+                tz: Tz::UTC,
+            },
+        ),
+        spec(
+            "d",
+            tenant("t1"),
+            Dimension::Requests,
+            Rule::FixedWindow {
+                capacity: 1,
+                period: Duration::from_secs(86_400),
+                reset_at: Some((24, 0)),
+                tz: Tz::UTC,
+            },
+        ),
+    ];
+    for s in bad {
+        let key = s.key.clone();
+        let err = ledger.register(s, Instant::ZERO, t0()).unwrap_err();
+        assert!(err.to_string().contains(&format!("bucket {key}")), "{err}");
+    }
+    assert_eq!(ledger.bucket_id("a"), None);
+}
