@@ -1210,6 +1210,38 @@ impl Ledger {
         Some(b.figures(wall))
     }
 
+    /// The caller's tightest bucket among `buckets` at `now`/`wall`, for the
+    /// `x-ratelimit-*` headers of a successful response: the one with the smallest
+    /// `remaining / limit`. Provider-side buckets are skipped (they are not the caller's to
+    /// see) and so are concurrency buckets (no reset to report). `None` if nothing is left.
+    pub fn tightest(
+        &mut self,
+        buckets: &[BucketId],
+        now: Instant,
+        wall: DateTime<Utc>,
+    ) -> Option<(BucketId, RateFigures)> {
+        let mut best: Option<(BucketId, RateFigures)> = None;
+        for &id in buckets {
+            let Some(b) = self.buckets.get_mut(id.0 as usize) else {
+                continue;
+            };
+            if b.spec.scope.is_provider_side() || b.spec.dimension == Dimension::Concurrency {
+                continue;
+            }
+            b.advance(now, wall);
+            let f = b.figures(wall);
+            // remaining/limit < best.remaining/best.limit, compared without division.
+            let tighter = best.is_none_or(|(_, g)| {
+                u128::from(f.remaining) * u128::from(g.limit.max(1))
+                    < u128::from(g.remaining) * u128::from(f.limit.max(1))
+            });
+            if tighter {
+                best = Some((id, f));
+            }
+        }
+        best
+    }
+
     /// Signed units available at `now`/`wall`, rounded down (negative while in debt after an
     /// overrun; for concurrency, free slots).
     pub fn level(&mut self, bucket: BucketId, now: Instant, wall: DateTime<Utc>) -> Option<i64> {

@@ -988,3 +988,54 @@ fn invalid_specs_are_refused_with_a_reason() {
     }
     assert_eq!(ledger.bucket_id("a"), None);
 }
+
+#[test]
+fn tightest_names_the_callers_scarcest_bucket_not_the_providers() {
+    let mut ledger = Ledger::new();
+    let tb = |capacity| Rule::TokenBucket {
+        capacity,
+        period: Duration::from_secs(60),
+    };
+    let itpm = ledger
+        .register(
+            spec("t1/itpm", tenant("t1"), Dimension::InputTokens, tb(10_000)),
+            Instant::ZERO,
+            t0(),
+        )
+        .unwrap();
+    let rpm = ledger
+        .register(
+            spec("t1/rpm", tenant("t1"), Dimension::Requests, tb(10)),
+            Instant::ZERO,
+            t0(),
+        )
+        .unwrap();
+    let provider = ledger
+        .register(
+            spec(
+                "pa/itpm",
+                Scope::Provider("P-A".to_owned()),
+                Dimension::InputTokens,
+                tb(2_000),
+            ),
+            Instant::ZERO,
+            t0(),
+        )
+        .unwrap();
+    let d = Demand {
+        requests: 1,
+        input_tokens: 1_500,
+        ..Demand::default()
+    };
+    ledger
+        .reserve(&[itpm, rpm, provider], d, Instant::ZERO, t0(), FAR)
+        .unwrap();
+    // itpm at 85 %, rpm at 90 %, provider at 25 % (hidden).
+    let (id, figures) = ledger
+        .tightest(&[itpm, rpm, provider], Instant::ZERO, t0())
+        .unwrap();
+    assert_eq!(id, itpm);
+    assert_eq!(figures.limit, 10_000);
+    assert_eq!(figures.remaining, 8_500);
+    assert_eq!(figures.reset_after, Duration::from_secs(9));
+}
