@@ -331,6 +331,43 @@ proptest! {
     }
 
     #[test]
+    fn admissions_over_time_stay_within_each_rule(
+        capacity in 1u64..5_000,
+        period_s in 1u64..120,
+        arrivals in prop::collection::vec((0u64..5_000, 1u64..800), 1..300),
+    ) {
+        // Token bucket: over [0, T] at most C + C·T/P. Fixed window: at most C per window.
+        let mut ledger = Ledger::new();
+        let period = Duration::from_secs(period_s);
+        let tb = register(&mut ledger, "tb", Dimension::InputTokens, Rule::TokenBucket { capacity, period });
+        let fw = register(&mut ledger, "fw", Dimension::OutputTokens, Rule::FixedWindow {
+            capacity, period, reset_at: None, tz: Tz::UTC,
+        });
+        let mut now_ms = 0u64;
+        let mut tb_total = 0u64;
+        let mut fw_per_window: std::collections::HashMap<i64, u64> = Default::default();
+        for &(gap_ms, amount) in &arrivals {
+            now_ms += gap_ms;
+            let now = Instant::from_millis(now_ms);
+            let wall = t0() + chrono::TimeDelta::milliseconds(now_ms as i64);
+            let d = Demand { input_tokens: amount, ..Demand::default() };
+            if ledger.reserve(&[tb], d, now, wall, FAR).is_ok() {
+                tb_total += amount;
+            }
+            let d = Demand { output_tokens: amount, ..Demand::default() };
+            if ledger.reserve(&[fw], d, now, wall, FAR).is_ok() {
+                let window = wall.timestamp_millis().div_euclid(period_s as i64 * 1_000);
+                *fw_per_window.entry(window).or_default() += amount;
+            }
+        }
+        let bound = capacity as u128 + capacity as u128 * now_ms as u128 / (period_s as u128 * 1_000);
+        prop_assert!(tb_total as u128 <= bound, "{} > {}", tb_total, bound);
+        for (w, used) in fw_per_window {
+            prop_assert!(used <= capacity, "window {} used {}", w, used);
+        }
+    }
+
+    #[test]
     fn retry_after_is_the_exact_wait_for_room(
         capacity in 1u64..100_000,
         period_ms in 1u64..120_000,
