@@ -152,7 +152,10 @@ impl Pauses {
         }
         let wanted = now + delay;
         match self.entries.get_mut(scope) {
-            Some(entry) if entry.until >= wanted => entry.until,
+            // A probe window is not a pause the provider asked for: the failed probe's own
+            // hint replaces it, even when shorter (field case 1: each retry honours the
+            // Retry-After of the response it just got).
+            Some(entry) if entry.until >= wanted && !entry.probing => entry.until,
             Some(entry) => {
                 *entry = PauseEntry {
                     until: wanted,

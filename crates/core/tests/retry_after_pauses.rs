@@ -512,3 +512,23 @@ fn next_attempt_policy_give_up_advertises_bounded_pause_not_weeks() {
         }
     );
 }
+
+#[test]
+fn pause_failed_probe_shorter_hint_replaces_probe_window() {
+    use switchyard_core::classify::ErrorClass;
+    use switchyard_core::pause::{Admission, Pauses};
+    use switchyard_core::time::Instant;
+    let mut pauses = Pauses::new();
+    let t0 = Instant::from_millis(0);
+    pauses.pause("p-a", Duration::from_secs(5), t0, ErrorClass::Capacity);
+    // The pause ends; the next request is the single probe and opens a probe window.
+    let t1 = Instant::from_millis(5_000);
+    assert_eq!(pauses.admit(&["p-a"], t1), Admission::Probe);
+    // The probe gets a 429 with Retry-After: 2; the provider's own hint wins over the window.
+    let until = pauses.pause("p-a", Duration::from_secs(2), t1, ErrorClass::Capacity);
+    assert_eq!(until, Instant::from_millis(7_000));
+    assert_eq!(
+        pauses.paused_until(&["p-a"], t1),
+        Some(Instant::from_millis(7_000))
+    );
+}
