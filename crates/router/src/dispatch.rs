@@ -599,21 +599,24 @@ async fn run(
             if !lock(&state.breaker).try_acquire(now) {
                 continue 'providers;
             }
+            // Spill-over below the first choice is throttled whether the providers above were
+            // tried and failed or skipped as paused or open (field case 2): an outage of the
+            // primary must not topple the next one.
+            let spill = Some(pos) != first_choice && same_used == 0;
+            if spill
+                && let Some(throttle) = &route_state.throttle
+                && !lock(throttle).try_acquire(now)
+            {
+                lock(&state.breaker).on_cancel(now);
+                stop_reason = Some("fallback_throttled");
+                break 'providers;
+            }
             if attempts == 0 {
                 lock(&app.runtime.budget).record_attempt(now);
             } else {
                 if !lock(&app.runtime.budget).try_withdraw(now) {
                     lock(&state.breaker).on_cancel(now);
                     stop_reason = Some("retry_budget_exhausted");
-                    break 'providers;
-                }
-                let spill = Some(pos) != first_choice && same_used == 0;
-                if spill
-                    && let Some(throttle) = &route_state.throttle
-                    && !lock(throttle).try_acquire(now)
-                {
-                    lock(&state.breaker).on_cancel(now);
-                    stop_reason = Some("fallback_throttled");
                     break 'providers;
                 }
                 app.metrics
@@ -733,6 +736,19 @@ async fn run(
             if let Some(reason @ ("retry_budget_exhausted" | "fallback_throttled")) = stop_reason {
                 e.message = format!("{} (further attempts refused: {reason})", e.message);
             }
+            e
+        }
+        (None, _) if region_excluded => {
+            exhausted_error(&Classification::new(ErrorClass::Overload), true)
+        }
+        (None, Some("fallback_throttled")) => {
+            // The providers above are paused or open and spill-over is at its throttle.
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "fallback_throttled",
+                "the preferred providers are unavailable and spill-over to the others is at its configured rate",
+            );
+            e.retry_after = Some(skipped_wait.unwrap_or(Duration::from_secs(1)));
             e
         }
         (None, _) => {
