@@ -17,9 +17,12 @@
 #      x-project-id, and after a second batch of KEYS new ids;
 #   6. bench/summarize.py takes medians and writes the Markdown report and the raw results.
 #
-# Environment knobs: SWITCHYARD_BIN (use this binary, skip the build), NICE (0), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
+# Environment knobs: SWITCHYARD_BIN (use this binary, skip the build), NICE (0; a negative
+# value needs root), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
 # ("1 16 64"), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as shipped),
 # REPORT (docs/benchmarks.md), RESULTS (bench/results).
+#
+# Needs python3 and curl; the figures in docs/benchmarks.md were taken with NICE=-10.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,7 +58,9 @@ if ! command -v wrk >/dev/null; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq wrk
 fi
-command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
+for tool in python3 curl; do
+  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
+done
 
 if [[ -n "${SWITCHYARD_BIN:-}" ]]; then
   BIN="$SWITCHYARD_BIN"
