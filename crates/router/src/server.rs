@@ -357,6 +357,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt as _;
+    // Without TCP_NODELAY a streamed response, written in several small writes, waits for the
+    // client's delayed ACK (40 ms on Linux) after its first write (docs/benchmarks.md).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "failed to set TCP_NODELAY on a client connection");
+        }
+    });
     axum::serve(listener, router(app))
         .with_graceful_shutdown(shutdown)
         .await
