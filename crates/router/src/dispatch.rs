@@ -417,7 +417,9 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
         span.record("provider", p.as_str());
     }
     span.in_scope(|| {
-        tracing::info!(status = response.status().as_u16(), outcome = %outcome, "request finished");
+        // Debug, not info: formatting and writing a line per request costs about a fifth of
+        // the router's CPU per request (docs/benchmarks.md); failed attempts log at info.
+        tracing::debug!(status = response.status().as_u16(), outcome = %outcome, "request finished");
     });
     app.metrics
         .requests
@@ -1062,6 +1064,13 @@ fn transport_class(e: &TransportError) -> Classification {
     }
 }
 
+/// The `usage` member of an OpenAI response; every other member is skipped while parsing.
+#[derive(serde::Deserialize)]
+struct UsageOnly {
+    #[serde(default)]
+    usage: Option<openai::Usage>,
+}
+
 /// Translates a whole upstream response into the client's dialect, with its usage.
 fn translate_response(
     app: &App,
@@ -1072,7 +1081,8 @@ fn translate_response(
     let parse_err = |e: serde_json::Error| format!("provider response does not parse: {e}");
     match (op, kind) {
         (ClientOp::Chat, ProviderKind::OpenAi) => {
-            let r: openai::ChatResponse = serde_json::from_slice(body).map_err(parse_err)?;
+            // Passed through unchanged: read only the usage, skipping the rest unbuilt.
+            let r: UsageOnly = serde_json::from_slice(body).map_err(parse_err)?;
             Ok((
                 body.clone(),
                 r.usage.as_ref().map(NormalizedUsage::from_openai),

@@ -153,8 +153,11 @@ pub struct RouteState {
     pub computed_at: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
 }
 
-/// Pinned chains kept per route; at roughly 100 bytes each, 200,000 pins stay near 20 MiB.
-const PIN_CAPACITY: usize = 200_000;
+/// Pinned chains kept per route. A pin measured about 175 bytes resident (docs/benchmarks.md),
+/// so 100,000 pins hold about 17 MiB. Past the cap the least recently used pin goes; its project
+/// then gets the chain rendezvous hashing computes from the current weights, which is the same
+/// chain unless the weights moved or a failover had moved its affinity.
+const PIN_CAPACITY: usize = 100_000;
 
 /// One routing table together with the state of its providers and routes, by index.
 #[derive(Debug)]
