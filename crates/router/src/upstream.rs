@@ -60,6 +60,14 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Every operation, in a fixed order.
+    pub const ALL: [Operation; 4] = [
+        Operation::ChatCompletions,
+        Operation::Embeddings,
+        Operation::Rerank,
+        Operation::Messages,
+    ];
+
     fn path(self) -> &'static str {
         match self {
             Operation::ChatCompletions => "/chat/completions",
@@ -245,6 +253,9 @@ impl Stream for UpstreamBody {
 pub struct UpstreamClient {
     endpoint: Arc<ProviderEndpoint>,
     http: reqwest::Client,
+    /// Parsed URL of each operation this provider serves (by [`Operation::ALL`] position),
+    /// built once: formatting and re-parsing it per request showed in profiles.
+    urls: Arc<[Option<reqwest::Url>; 4]>,
 }
 
 /// Idle pooled connections are closed after this long: below the typical 120 s idle cut of
@@ -264,10 +275,19 @@ impl UpstreamClient {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| TransportError::Config(error_chain(&e)))?;
-        Ok(UpstreamClient {
+        let mut client = UpstreamClient {
             endpoint: Arc::new(endpoint),
             http,
-        })
+            urls: Arc::new([None, None, None, None]),
+        };
+        let urls = Operation::ALL.map(|op| {
+            client
+                .url(op)
+                .ok()
+                .and_then(|u| reqwest::Url::parse(&u).ok())
+        });
+        client.urls = Arc::new(urls);
+        Ok(client)
     }
 
     /// The provider's settings.
@@ -344,9 +364,15 @@ impl UpstreamClient {
         body: Bytes,
         stream: bool,
     ) -> Result<UpstreamResponse, TransportError> {
+        let position = Operation::ALL.iter().position(|o| *o == op);
+        let url = match position.and_then(|i| self.urls[i].clone()) {
+            Some(url) => url,
+            None => reqwest::Url::parse(&self.url(op)?)
+                .map_err(|e| TransportError::Config(format!("invalid provider URL: {e}")))?,
+        };
         let request = self
             .http
-            .post(self.url(op)?)
+            .post(url)
             .headers(self.headers(stream)?)
             .timeout(self.endpoint.total_timeout)
             .body(body);
