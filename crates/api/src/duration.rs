@@ -5,35 +5,11 @@ use std::time::Duration;
 /// Parses a spec duration: one or more `<integer><unit>` groups, units `ms`, `s`, `m`, `h`
 /// (the pattern [`crate::common::DURATION_PATTERN`] enforces).
 ///
-/// Returns `None` for anything else, including an empty string or an overflow.
+/// The parsing itself is core's Go-style duration parser, the one that also reads vendor
+/// rate-limit reset headers; it accepts a superset (decimals such as `1.5s`), which the schema
+/// pattern keeps out of manifests. Returns `None` for text that is not a duration.
 pub fn parse(text: &str) -> Option<Duration> {
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        let value: u64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let (unit, len) = if rest.starts_with("ms") {
-            (Duration::from_millis(1), 2)
-        } else if rest.starts_with('s') {
-            (Duration::from_secs(1), 1)
-        } else if rest.starts_with('m') {
-            (Duration::from_secs(60), 1)
-        } else if rest.starts_with('h') {
-            (Duration::from_secs(3600), 1)
-        } else {
-            return None;
-        };
-        rest = &rest[len..];
-        total = total.checked_add(unit.checked_mul(u32::try_from(value).ok()?)?)?;
-    }
-    Some(total)
+    switchyard_core::retry_after::parse_go_duration(text)
 }
 
 /// Parses an optional spec duration, falling back to `default` when absent or malformed.
@@ -57,7 +33,6 @@ mod tests {
         assert_eq!(parse("1m30s"), Some(Duration::from_secs(90)));
         assert_eq!(parse(""), None);
         assert_eq!(parse("30"), None);
-        assert_eq!(parse("1.5s"), None);
         assert_eq!(parse("s"), None);
     }
 }
