@@ -527,3 +527,48 @@ async fn case_25_region_allow_list_holds_across_fallback() {
         "a request left the allowed regions"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A hung provider on a non-streamed request: with another provider left, one attempt may use at
+// most half of the time left, so the request fails over instead of waiting out its deadline.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streamed_request_hung_provider_fails_over_within_half_the_deadline() {
+    let _g = serial().await;
+    let setup = Setup::new()
+        .provider(
+            Provider::openai("p1").mock(|m| m.faults = FaultSet::fail_all(Fault::HangNoHeaders)),
+        )
+        .provider(Provider::openai("p2"))
+        .policy(Policy::chat(MODEL, &["p1", "p2"]).set("deadline", "4s"));
+    let stack = Stack::start(setup).await;
+    let r = stack.chat(MODEL, Some("proj-hang")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.provider().as_deref(), Some("p2"));
+    assert_eq!(r.attempts(), Some(2));
+    assert!(
+        r.elapsed >= Duration::from_millis(1900) && r.elapsed < Duration::from_millis(3500),
+        "failover after {:?}; expected about half of the 4 s deadline",
+        r.elapsed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streamed_request_only_provider_hung_gets_deadline_error() {
+    let _g = serial().await;
+    let setup = Setup::new()
+        .provider(
+            Provider::openai("p1").mock(|m| m.faults = FaultSet::fail_all(Fault::HangNoHeaders)),
+        )
+        .policy(Policy::chat(MODEL, &["p1"]).set("deadline", "2s"));
+    let stack = Stack::start(setup).await;
+    let r = stack.chat(MODEL, Some("proj-hang")).await;
+    assert_eq!(r.status, 504, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "deadline_exceeded", "{}", r.body);
+    assert!(
+        r.elapsed < Duration::from_millis(3000),
+        "took {:?}",
+        r.elapsed
+    );
+}

@@ -211,6 +211,13 @@ impl ApiError {
     }
 }
 
+/// When one attempt must end: its own share of the time, and the request's deadline.
+#[derive(Debug, Clone, Copy)]
+struct AttemptDeadlines {
+    attempt: switchyard_core::time::Instant,
+    request: switchyard_core::time::Instant,
+}
+
 /// Outcome of one attempt.
 enum Attempt {
     /// Served; the response is ready for the client (non-streamed, or a committed stream).
@@ -632,6 +639,23 @@ async fn run(
             last_provider = Some(provider.key.clone());
             let attempt_span =
                 tracing::debug_span!("attempt", provider = %provider.key, n = attempts);
+            // A non-streamed answer shows nothing until it is complete, so a hung provider
+            // is only noticed by a timeout. While another provider could still be tried, one
+            // attempt may use at most half of the time left, leaving the rest for a fallback.
+            let now = clock.now();
+            let remaining = deadline.saturating_since(now);
+            let fallback_possible = attempts < route.max_attempts
+                && order[n + 1..].iter().any(|&p| {
+                    let other = &live.table.providers[route.providers[p].index];
+                    let other_scopes: Vec<&str> =
+                        other.pause_scopes.iter().map(String::as_str).collect();
+                    !lock(&app.runtime.pauses).is_paused(&other_scopes, now)
+                });
+            let attempt_deadline = if fallback_possible {
+                now + remaining / 2
+            } else {
+                deadline
+            };
             let result = attempt(
                 app,
                 live,
@@ -639,7 +663,10 @@ async fn run(
                 rp.index,
                 &rp.upstream_model,
                 &req,
-                deadline,
+                AttemptDeadlines {
+                    attempt: attempt_deadline,
+                    request: deadline,
+                },
             )
             .instrument(attempt_span)
             .await;
@@ -660,6 +687,15 @@ async fn run(
                         }
                     }
                     return Ok((response, provider.key.clone(), attempts));
+                }
+                Attempt::Failed(failure)
+                    if failure.classification.class == ErrorClass::Deadline =>
+                {
+                    // The request's own deadline passed during the attempt: nothing more can
+                    // be tried.
+                    last = Some(failure);
+                    stop_reason = Some("deadline");
+                    break 'providers;
                 }
                 Attempt::Failed(failure) => {
                     let c = &failure.classification;
@@ -923,8 +959,9 @@ async fn attempt(
     provider_index: usize,
     model: &str,
     req: &ClientRequest,
-    deadline: switchyard_core::time::Instant,
+    deadlines: AttemptDeadlines,
 ) -> Attempt {
+    let deadline = deadlines.request;
     let provider = &live.table.providers[provider_index];
     let Ok(client) = provider.client.as_ref() else {
         return Attempt::Failed(Failure {
@@ -957,17 +994,31 @@ async fn attempt(
     let remaining = deadline.saturating_since(now);
     let streaming = req.stream && matches!(req.op, ClientOp::Chat | ClientOp::Messages);
     // Until content arrives, a stream is bounded by the first-token timeout; a whole
-    // non-streamed answer only by the deadline.
+    // non-streamed answer by the attempt's share of the deadline.
+    let attempt_remaining = deadlines.attempt.min(deadline).saturating_since(now);
     let header_budget = if streaming {
         route.first_token_timeout.min(remaining)
     } else {
-        remaining
+        attempt_remaining
     };
     let first_token_deadline = tokio::time::Instant::now() + header_budget;
+    let attempt_end = app.clock.to_tokio(deadlines.attempt.min(deadline));
+    // A timeout is the provider's fault (Timeout) unless it is the request's own deadline.
+    let timed_out = |budget: Duration| {
+        if budget < remaining {
+            if streaming {
+                classify_transport(TransportFailure::FirstTokenTimeout)
+            } else {
+                classify_transport(TransportFailure::ResponseTimeout)
+            }
+        } else {
+            classify_transport(TransportFailure::RequestDeadline)
+        }
+    };
     let sent =
         tokio::time::timeout_at(first_token_deadline, client.send(op, body, streaming)).await;
     let response = match sent {
-        Err(_) => return fail(guard, timeout_class(streaming, route, remaining)),
+        Err(_) => return fail(guard, timed_out(header_budget)),
         Ok(Err(e)) => return fail(guard, transport_class(&e)),
         Ok(Ok(r)) => r,
     };
@@ -1004,13 +1055,9 @@ async fn attempt(
         )
         .await
     } else {
-        let body = tokio::time::timeout_at(
-            app.clock.to_tokio(deadline),
-            response.collect(MAX_UPSTREAM_BODY),
-        )
-        .await;
+        let body = tokio::time::timeout_at(attempt_end, response.collect(MAX_UPSTREAM_BODY)).await;
         let body = match body {
-            Err(_) => return fail(guard, classify_transport(TransportFailure::RequestDeadline)),
+            Err(_) => return fail(guard, timed_out(attempt_remaining)),
             Ok(Err(e)) => return fail(guard, transport_class(&e)),
             Ok(Ok(b)) => b,
         };
@@ -1042,14 +1089,6 @@ fn fail(guard: AttemptGuard, c: Classification) -> Attempt {
         classification: c,
         status: None,
     })
-}
-
-fn timeout_class(streaming: bool, route: &Route, remaining: Duration) -> Classification {
-    if streaming && route.first_token_timeout < remaining {
-        classify_transport(TransportFailure::FirstTokenTimeout)
-    } else {
-        classify_transport(TransportFailure::RequestDeadline)
-    }
 }
 
 fn transport_class(e: &TransportError) -> Classification {
