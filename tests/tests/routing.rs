@@ -149,6 +149,34 @@ async fn client_api_auth_errors_and_headers_use_each_dialect() {
     assert_eq!(bad_json.status, 400, "{}", bad_json.body);
     assert!(bad_json.json()["error"].is_object(), "{}", bad_json.body);
 
+    // What the providers' own APIs refuse is refused before anything is sent: a chat model on
+    // the embeddings endpoint, an empty conversation, an output cap of zero.
+    let calls_before = stack.mock("p1").call_count() + stack.mock("p2").call_count();
+    let wrong_endpoint = send(
+        stack
+            .post("/v1/embeddings")
+            .json(&serde_json::json!({"model": MODEL, "input": "hi"})),
+    )
+    .await;
+    assert_eq!(wrong_endpoint.status, 400, "{}", wrong_endpoint.body);
+    assert_eq!(
+        wrong_endpoint.json()["error"]["code"],
+        "wrong_endpoint_for_model"
+    );
+    let mut empty = chat_body(MODEL, "hi", false);
+    empty["messages"] = serde_json::json!([]);
+    let empty = send(stack.post("/v1/chat/completions").json(&empty)).await;
+    assert_eq!(empty.status, 400, "{}", empty.body);
+    let mut zero = chat_body(MODEL, "hi", false);
+    zero["max_tokens"] = 0.into();
+    let zero = send(stack.post("/v1/chat/completions").json(&zero)).await;
+    assert_eq!(zero.status, 400, "{}", zero.body);
+    assert_eq!(
+        stack.mock("p1").call_count() + stack.mock("p2").call_count(),
+        calls_before,
+        "refused requests reached a provider"
+    );
+
     // Models list carries both public names.
     let models = send(stack.get("/v1/models")).await;
     assert_eq!(models.status, 200, "{}", models.body);

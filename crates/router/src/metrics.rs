@@ -94,6 +94,8 @@ pub struct Metrics {
     pub availability: Family<ProviderLabel, Gauge<f64, AtomicU64>>,
     /// Cascade weight per route and provider.
     pub weight: Family<RouteProvider, Gauge<f64, AtomicU64>>,
+    /// Seconds left of a Retry-After or exhaustion pause on the provider (or its quota group).
+    pub paused_seconds: Family<ProviderLabel, Gauge<f64, AtomicU64>>,
     /// 1 when the provider's circuit is open on this replica.
     pub circuit_open: Family<ProviderLabel, Gauge>,
     /// Attempts in flight.
@@ -117,6 +119,7 @@ impl Metrics {
             tokens: Family::default(),
             availability: Family::default(),
             weight: Family::default(),
+            paused_seconds: Family::default(),
             circuit_open: Family::default(),
             in_flight: Family::default(),
             reloads: Family::default(),
@@ -160,6 +163,11 @@ impl Metrics {
             m.availability.clone(),
         );
         registry.register("route_weight", "Priority-cascade weight", m.weight.clone());
+        registry.register(
+            "provider_paused_seconds",
+            "Seconds left of a Retry-After or exhaustion pause",
+            m.paused_seconds.clone(),
+        );
         registry.register(
             "circuit_open",
             "1 when the circuit breaker is open",

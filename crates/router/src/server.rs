@@ -15,6 +15,8 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 
 use crate::clock::Clock;
+use switchyard_api::policy::ServiceType;
+
 use crate::dispatch::{ApiError, ClientBody, ClientOp, ClientRequest, dispatch, sensitive_headers};
 use crate::metrics::Metrics;
 use crate::state::Runtime;
@@ -129,6 +131,12 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
             .circuit_open
             .get_or_create(&label)
             .set(i64::from(open));
+        let now = app.clock.now();
+        let scopes: Vec<&str> = p.pause_scopes.iter().map(String::as_str).collect();
+        let paused = crate::state::lock(&app.runtime.pauses)
+            .paused_until(&scopes, now)
+            .map_or(0.0, |until| until.saturating_since(now).as_secs_f64());
+        app.metrics.paused_seconds.get_or_create(&label).set(paused);
     }
     for (r, s) in live.table.routes.iter().zip(&live.routes) {
         for (name, w) in r.provider_names.iter().zip(s.weights.load().iter()) {
@@ -316,6 +324,27 @@ async fn prepare(
         ));
     };
     let route = &live.table.routes[route_index];
+    let endpoint_fits = matches!(
+        (op, route.service_type),
+        (ClientOp::Chat | ClientOp::Messages, ServiceType::Chat)
+            | (ClientOp::Embeddings, ServiceType::Embedding)
+            | (ClientOp::Rerank, ServiceType::Rerank)
+    );
+    if !endpoint_fits {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "wrong_endpoint_for_model",
+            format!(
+                "the model {model:?} is a {} model and is not served on this endpoint",
+                match route.service_type {
+                    ServiceType::Chat => "chat",
+                    ServiceType::Embedding => "embedding",
+                    ServiceType::Rerank => "rerank",
+                }
+            ),
+        ));
+    }
+    check_body(&body)?;
     if let Some(t) = &tenant
         && !t.may_use(&route.name)
     {
@@ -349,6 +378,32 @@ async fn prepare(
             estimated_input_tokens,
         },
     ))
+}
+
+/// Rejects what the providers' own APIs would reject before anything is sent: an empty
+/// conversation or an output cap of zero.
+fn check_body(body: &ClientBody) -> Result<(), ApiError> {
+    let invalid = |m: &str| Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m));
+    match body {
+        ClientBody::Chat(r) => {
+            if r.messages.is_empty() {
+                return invalid("`messages` must contain at least one message");
+            }
+            if r.output_cap() == Some(0) {
+                return invalid("`max_tokens` / `max_completion_tokens` must be at least 1");
+            }
+        }
+        ClientBody::Messages(r) => {
+            if r.messages.is_empty() {
+                return invalid("`messages` must contain at least one message");
+            }
+            if r.max_tokens == 0 {
+                return invalid("`max_tokens` must be at least 1");
+            }
+        }
+        ClientBody::Json(_) => {}
+    }
+    Ok(())
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves.

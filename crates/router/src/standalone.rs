@@ -57,6 +57,12 @@ fn build(dir: &Path, secrets: &SecretSource) -> Result<RoutingTable, LoadErrors>
     for w in &manifests.warnings {
         tracing::warn!("{w}");
     }
+    if manifests.tenants.is_empty() {
+        tracing::warn!(
+            "no TenantQuota in the manifests: authentication is off; requests without a key are \
+             served as anonymous and any key is refused"
+        );
+    }
     let table = RoutingTable::build(&manifests, secrets);
     for w in &table.warnings {
         tracing::warn!("{w}");
@@ -160,6 +166,13 @@ async fn watch(app: Arc<App>, dir: PathBuf, secrets: SecretSource) {
     if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
         tracing::error!(error = %e, dir = %dir.display(), "failed to watch the manifest folder; changes need a restart");
         return;
+    }
+    // Secret files change on key rotation; they live in a folder of their own (often inside
+    // the manifest folder, which is watched non-recursively).
+    if let Some(secrets_dir) = &secrets.dir
+        && let Err(e) = watcher.watch(secrets_dir, RecursiveMode::Recursive)
+    {
+        tracing::warn!(error = %e, dir = %secrets_dir.display(), "failed to watch the secrets folder; key rotation needs a manifest change or a restart");
     }
     while rx.recv().await.is_some() {
         // Collapse a burst of events into one reload.

@@ -86,6 +86,27 @@ pub struct StatusDocument {
     pub messages: Vec<String>,
 }
 
+/// "serving", or why the provider is taking no traffic right now: a Retry-After or exhaustion
+/// pause on its scope (provider or quota group), or an open circuit.
+fn serving_message(app: &App, p: &crate::config::ProviderConfig) -> String {
+    let now = app.clock.now();
+    let pauses = lock(&app.runtime.pauses);
+    let paused = p
+        .pause_scopes
+        .iter()
+        .filter_map(|scope| pauses.entry(scope, now).map(|e| (scope, e)))
+        .filter(|(_, e)| e.until > now)
+        .max_by_key(|(_, e)| e.until);
+    match paused {
+        Some((scope, e)) => format!(
+            "serving; paused for {}s more after a {} answer (scope {scope})",
+            e.until.saturating_since(now).as_secs().max(1),
+            e.reason
+        ),
+        None => "serving".to_owned(),
+    }
+}
+
 /// Computes the status of every resource now.
 pub fn snapshot(app: &App) -> StatusDocument {
     let live = app.runtime.live();
@@ -105,7 +126,7 @@ pub fn snapshot(app: &App) -> StatusDocument {
                     condition::READY,
                     true,
                     reason::RECONCILED,
-                    "serving".to_owned(),
+                    serving_message(app, p),
                     p.generation,
                     now,
                 ),
