@@ -85,6 +85,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -92,6 +93,31 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// How long a shutdown waits for in-flight requests.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM (what Kubernetes and most supervisors send).
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
     }
 }
 
@@ -140,10 +166,37 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_body_bytes,
                 watch: !no_watch,
             };
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
+            // First SIGINT/SIGTERM: stop accepting and drain in-flight requests; a second
+            // signal, or the grace period running out, ends the process with requests still
+            // in flight.
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                eprintln!(
+                    "shutting down: draining in-flight requests (up to {}s; signal again to stop now)",
+                    SHUTDOWN_GRACE.as_secs()
+                );
+                let _ = stop_tx.send(true);
+            });
+            let mut drain_rx = stop_rx.clone();
+            let shutdown = async move {
+                let _ = drain_rx.wait_for(|stop| *stop).await;
             };
-            let served = switchyard_router::standalone::run(options, shutdown).await;
+            let mut forced_rx = stop_rx;
+            let forced = async move {
+                let _ = forced_rx.wait_for(|stop| *stop).await;
+                tokio::select! {
+                    () = tokio::time::sleep(SHUTDOWN_GRACE) => {}
+                    () = shutdown_signal() => {}
+                }
+            };
+            let served = tokio::select! {
+                served = switchyard_router::standalone::run(options, shutdown) => served,
+                () = forced => {
+                    eprintln!("shutting down now with requests still in flight");
+                    Ok(())
+                }
+            };
             for h in handles {
                 h.shutdown().await;
             }
