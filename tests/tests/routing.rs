@@ -171,11 +171,25 @@ async fn client_api_auth_errors_and_headers_use_each_dialect() {
     zero["max_tokens"] = 0.into();
     let zero = send(stack.post("/v1/chat/completions").json(&zero)).await;
     assert_eq!(zero.status, 400, "{}", zero.body);
+    let long_project = "p".repeat(300);
+    let long = stack.chat(MODEL, Some(long_project.as_str())).await;
+    assert_eq!(long.status, 400, "{}", long.body);
     assert_eq!(
         stack.mock("p1").call_count() + stack.mock("p2").call_count(),
         calls_before,
         "refused requests reached a provider"
     );
+    // A wrong method gets the client's error shape too; the model list needs a key.
+    let wrong_method = send(stack.get("/v1/chat/completions")).await;
+    assert_eq!(wrong_method.status, 405, "{}", wrong_method.body);
+    assert_eq!(
+        wrong_method.json()["error"]["code"],
+        "method_not_allowed",
+        "{}",
+        wrong_method.body
+    );
+    let models_no_key = send(stack.http.get(stack.url("/v1/models"))).await;
+    assert_eq!(models_no_key.status, 401, "{}", models_no_key.body);
 
     // Models list carries both public names.
     let models = send(stack.get("/v1/models")).await;

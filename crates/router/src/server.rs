@@ -57,6 +57,9 @@ impl App {
     }
 }
 
+/// Longest project key (affinity header value) accepted, bytes.
+pub const MAX_PROJECT_KEY_BYTES: usize = 256;
+
 /// Default largest request body: 32 MiB, room for long contexts with images.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
@@ -76,6 +79,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by the handlers with their own limit, so a 413 has the client's
         // error shape; axum's default limit would answer in plain text.
         .layer(DefaultBodyLimit::disable())
@@ -101,6 +105,24 @@ async fn not_found(request: Request) -> Response {
         StatusCode::NOT_FOUND,
         "not_found",
         format!("no such endpoint: {}", request.uri().path()),
+    )
+    .into_response(dialect)
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    let dialect = if request.uri().path().starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
     )
     .into_response(dialect)
 }
@@ -161,6 +183,31 @@ async fn status_handler(State(app): State<Arc<App>>) -> Response {
 
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let live = app.runtime.live();
+    let dialect = if headers.contains_key("anthropic-version") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
+    // The model list is part of the client API: same authentication as the other endpoints.
+    match api_key(&headers) {
+        Some(key) if live.table.tenant_for_key(key).is_none() => {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_api_key",
+                "the API key is not valid",
+            )
+            .into_response(dialect);
+        }
+        None if live.table.auth_required => {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing_api_key",
+                "an API key is required",
+            )
+            .into_response(dialect);
+        }
+        _ => {}
+    }
     let mut names: Vec<&String> = live.table.by_model.keys().collect();
     names.sort();
     if headers.contains_key("anthropic-version") {
@@ -354,11 +401,23 @@ async fn prepare(
             format!("this API key may not use the model {model:?}"),
         ));
     }
-    let project = parts
+    let project_header = parts
         .headers
         .get(route.affinity_header.as_str())
         .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
+        .filter(|v| !v.is_empty());
+    // Project keys are held in the pin cache; a bound keeps one request from pinning kilobytes.
+    if project_header.is_some_and(|v| v.len() > MAX_PROJECT_KEY_BYTES) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!(
+                "the {} header is longer than {MAX_PROJECT_KEY_BYTES} bytes",
+                route.affinity_header
+            ),
+        ));
+    }
+    let project = project_header
         .map(str::to_owned)
         .or_else(|| tenant.as_ref().map(|t| t.key.clone()))
         .unwrap_or_else(|| "anonymous".to_owned());
