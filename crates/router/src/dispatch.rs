@@ -645,12 +645,7 @@ async fn run(
             let now = clock.now();
             let remaining = deadline.saturating_since(now);
             let fallback_possible = attempts < route.max_attempts
-                && order[n + 1..].iter().any(|&p| {
-                    let other = &live.table.providers[route.providers[p].index];
-                    let other_scopes: Vec<&str> =
-                        other.pause_scopes.iter().map(String::as_str).collect();
-                    !lock(&app.runtime.pauses).is_paused(&other_scopes, now)
-                });
+                && unpaused_after(app, live, route, &order[n + 1..], now);
             let attempt_deadline = if fallback_possible {
                 now + remaining / 2
             } else {
@@ -717,12 +712,7 @@ async fn run(
                     if c.class == ErrorClass::Request || !route.fallback_on.contains(&c.class) {
                         return Err((client_error(&failure), Some(provider.key.clone()), attempts));
                     }
-                    let next_available = order[n + 1..].iter().any(|&p| {
-                        let other = &live.table.providers[route.providers[p].index];
-                        let other_scopes: Vec<&str> =
-                            other.pause_scopes.iter().map(String::as_str).collect();
-                        !lock(&app.runtime.pauses).is_paused(&other_scopes, now)
-                    });
+                    let next_available = unpaused_after(app, live, route, &order[n + 1..], now);
                     let ctx = AttemptContext {
                         now,
                         deadline,
@@ -810,6 +800,19 @@ async fn run(
         }
     };
     Err((error, last_provider, attempts))
+}
+
+/// Whether any provider at these chain positions is not paused right now.
+fn unpaused_after(
+    app: &App,
+    live: &Live,
+    route: &Route,
+    positions: &[usize],
+    now: switchyard_core::time::Instant,
+) -> bool {
+    positions
+        .iter()
+        .any(|&p| !paused(app, live, route.providers[p].index, now))
 }
 
 fn paused(app: &App, live: &Live, provider: usize, now: switchyard_core::time::Instant) -> bool {
