@@ -13,6 +13,7 @@ pub mod common;
 pub mod crd;
 pub mod duration;
 pub mod loader;
+pub mod outcomes;
 pub mod policy;
 pub mod provider;
 pub mod tenant;

@@ -1,0 +1,84 @@
+//! The outcome protocol between router replicas and the operator (DESIGN §2).
+//!
+//! Every router serves `GET /outcomes` (JSON, [`OutcomeReport`]) with **monotonic** counters per
+//! LLMProvider since the process started. The operator scrapes every replica each control
+//! interval and takes deltas between two scrapes of the same replica; a different
+//! `startedAt` (or a counter that went down) means the replica restarted, and the new counters
+//! are then the delta since the restart. Counters are cumulative rather than per-window so a
+//! missed scrape loses nothing: the next delta covers both windows.
+//!
+//! Shape (camelCase JSON):
+//! ```json
+//! {"replica":"router-7d9c-abcde","startedAt":"2026-11-30T11:00:00Z",
+//!  "providers":{"team-a/anthropic-east":{"successes":120,"cancelled":3,"inFlight":2,
+//!    "errors":{"capacity":4,"server":1}}}}
+//! ```
+//! `errors` is keyed by the error class names of `switchyard_core::classify::ErrorClass`
+//! (`capacity`, `overload`, `timeout`, `connect`, `server`, `auth`, `policy`, `request`,
+//! `deadline`); a missing class is 0.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Path of the outcome endpoint on every router.
+pub const OUTCOMES_PATH: &str = "/outcomes";
+
+/// One router replica's cumulative outcome counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutcomeReport {
+    /// Replica identity (pod name, or host name outside a cluster).
+    pub replica: String,
+    /// When this process started; a change between scrapes means the counters were reset.
+    pub started_at: DateTime<Utc>,
+    /// Counters per provider, keyed by `namespace/name` of the LLMProvider.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderOutcomes>,
+}
+
+/// Cumulative counters of one provider on one replica.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderOutcomes {
+    /// Successful attempts.
+    #[serde(default)]
+    pub successes: u64,
+    /// Failed attempts by error class name.
+    #[serde(default)]
+    pub errors: BTreeMap<String, u64>,
+    /// Attempts ended because the client went away (not counted against the provider).
+    #[serde(default)]
+    pub cancelled: u64,
+    /// Attempts in flight at the time of the scrape (a gauge, not a counter).
+    #[serde(default)]
+    pub in_flight: i64,
+}
+
+impl ProviderOutcomes {
+    /// The counter of one error class (0 when absent).
+    pub fn errors_of(&self, class: &str) -> u64 {
+        self.errors.get(class).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_round_trips_documented_shape() {
+        let text = r#"{"replica":"r1","startedAt":"2026-11-30T11:00:00Z",
+            "providers":{"team-a/p":{"successes":120,"cancelled":3,"inFlight":2,
+            "errors":{"capacity":4,"server":1}}}}"#;
+        let report: OutcomeReport = serde_json::from_str(text).unwrap();
+        let p = &report.providers["team-a/p"];
+        assert_eq!(p.successes, 120);
+        assert_eq!(p.errors_of("capacity"), 4);
+        assert_eq!(p.errors_of("overload"), 0);
+        let again: OutcomeReport =
+            serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
+        assert_eq!(again, report);
+    }
+}
