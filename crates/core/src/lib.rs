@@ -11,6 +11,7 @@ pub mod breaker;
 pub mod budget;
 pub mod chain;
 pub mod classify;
+pub mod estimate;
 pub mod p2c;
 pub mod pause;
 pub mod queue;
