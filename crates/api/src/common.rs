@@ -129,6 +129,9 @@ pub mod condition {
     /// A provider's availability is below the degraded threshold, or a policy has no healthy
     /// provider.
     pub const DEGRADED: &str = "Degraded";
+    /// Availability below which a provider is reported `Degraded` (and a policy whose best
+    /// eligible provider is below it). The standalone router's status uses the same figure.
+    pub const DEGRADED_BELOW: f64 = 0.5;
 }
 
 /// CamelCase reasons used in conditions.
@@ -139,6 +142,8 @@ pub mod reason {
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// A referenced object (provider, parent tenant, Secret) does not exist.
     pub const DANGLING_REFERENCE: &str = "DanglingReference";
+    /// A referenced Secret, or the key named in the reference, does not exist.
+    pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
     /// A referenced Secret could not be read.
     pub const SECRET_UNAVAILABLE: &str = "SecretUnavailable";
     /// Availability fell below the degraded threshold.

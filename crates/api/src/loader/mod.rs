@@ -215,6 +215,77 @@ pub fn load_texts<'a>(
     }
 }
 
+/// The checks across objects that only a reconciler can make (the API server sees one object at
+/// a time): a policy's providers exist and serve its model, each public model name is claimed
+/// once per namespace, tenant parents exist without cycles, allowed routes exist, providers of a
+/// quota group declare the same bucket, time zones are known.
+///
+/// For callers that already hold decoded objects, such as the operator's watch caches: put them
+/// in a [`Manifests`] (sources may stay empty) and group the returned problems by
+/// [`ManifestError::object`] (`Kind namespace/name`). Secrets are not checked here; the loader
+/// has none and the operator checks them against the cluster.
+pub fn check_references(m: &Manifests) -> Vec<ManifestError> {
+    let mut errors = Vec::new();
+    refs::check(m, &mut errors);
+    errors
+}
+
+/// One schema or CEL problem of one object, from [`ObjectValidator::check`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldProblem {
+    /// Field path such as `spec.limits[0].period`, when the problem is in one field.
+    pub field: Option<String>,
+    /// What is wrong (the CEL rule's message for CEL rules).
+    pub reason: String,
+}
+
+/// The loader's per-object validation (OpenAPI schema, unknown fields, CEL rules of the
+/// generated CRDs), compiled once and usable on objects one at a time.
+///
+/// The API server enforces the same rules on admission; a reconciler re-checks objects that
+/// were stored under an older CRD version, before the rules tightened.
+pub struct ObjectValidator(schema::Validators);
+
+impl fmt::Debug for ObjectValidator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ObjectValidator")
+    }
+}
+
+impl Default for ObjectValidator {
+    fn default() -> Self {
+        ObjectValidator(schema::Validators::new())
+    }
+}
+
+impl ObjectValidator {
+    /// Compiles the schemas and CEL rules of the three kinds.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every schema, unknown-field and CEL problem of `value`, an object as JSON with `kind`
+    /// set to one of the three Switchyard kinds. An unknown kind is one problem; `metadata` is
+    /// not checked (the API server owns it).
+    pub fn check(&self, value: &serde_json::Value) -> Vec<FieldProblem> {
+        let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        let Some(kind) = Kind::from_name(kind) else {
+            return vec![FieldProblem {
+                field: Some("kind".to_owned()),
+                reason: format!("unknown kind {kind:?} in group {GROUP}"),
+            }];
+        };
+        self.0
+            .check(kind, value)
+            .into_iter()
+            .map(|p| FieldProblem {
+                field: p.field,
+                reason: p.reason,
+            })
+            .collect()
+    }
+}
+
 /// Parses a multi-document YAML text into JSON values; `Ok(None)` for empty documents.
 fn split_documents(text: &str) -> Vec<Result<Option<serde_json::Value>, String>> {
     let mut out = Vec::new();

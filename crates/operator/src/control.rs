@@ -1,0 +1,163 @@
+//! The availability controllers of the control loop (DESIGN §4.1), one per LLMProvider.
+//!
+//! Each tick the leader feeds every provider's window counts ([`crate::outcomes`]) to its
+//! [`AvailabilityController`]; weights are not stored here but derived from these figures
+//! whenever a policy's status is computed ([`crate::status::policy_status`]), so a policy edit
+//! gets correct weights at once instead of at the next tick.
+//!
+//! Settings per provider come from the first RoutingPolicy (by `namespace/name`) that lists it,
+//! as in the standalone router; the interval is the shortest `spec.availability.interval` of any
+//! policy (default 30 s, at least 1 s). A provider first seen by this leader resumes from the
+//! availability in its stored status, so a leader change or restart does not reset every
+//! provider to 1.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use switchyard_api::duration;
+use switchyard_api::provider::WindowStatus;
+use switchyard_api::{LLMProvider, RoutingPolicy};
+use switchyard_core::availability::{AvailabilityController, ControllerConfig};
+
+use crate::outcomes::ProviderWindow;
+use crate::status::{ProviderFigures, key_of};
+
+/// Default control interval (DESIGN §4.1).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+/// Shortest interval honoured, whatever a policy asks for: the tick lists EndpointSlices and
+/// scrapes every replica, which should not run in a tight loop.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+fn decimal(text: Option<&str>, default: f64) -> f64 {
+    text.and_then(|t| t.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
+        .unwrap_or(default)
+}
+
+/// Controller settings of one policy (defaults for what it leaves out).
+pub fn controller_config(policy: &RoutingPolicy) -> ControllerConfig {
+    let spec = policy.spec.availability.clone().unwrap_or_default();
+    let mut cfg = ControllerConfig::default();
+    cfg.target_error_rate =
+        decimal(spec.target_error_rate.as_deref(), cfg.target_error_rate).clamp(1e-6, 1.0);
+    cfg.kp = decimal(spec.kp.as_deref(), cfg.kp);
+    cfg.ki = decimal(spec.ki.as_deref(), cfg.ki);
+    cfg.kd = decimal(spec.kd.as_deref(), cfg.kd);
+    cfg
+}
+
+/// The control interval for a set of policies (see the module docs).
+pub fn interval<'a>(policies: impl IntoIterator<Item = &'a RoutingPolicy>) -> Duration {
+    policies
+        .into_iter()
+        .map(|p| {
+            duration::or(
+                p.spec
+                    .availability
+                    .as_ref()
+                    .and_then(|a| a.interval.as_deref()),
+                DEFAULT_INTERVAL,
+            )
+        })
+        .min()
+        .unwrap_or(DEFAULT_INTERVAL)
+        .max(MIN_INTERVAL)
+}
+
+#[derive(Debug)]
+struct ProviderControl {
+    controller: AvailabilityController,
+    figures: ProviderFigures,
+}
+
+/// Every provider's controller and last figures.
+#[derive(Debug, Default)]
+pub struct ControlState {
+    providers: BTreeMap<String, ProviderControl>,
+    last_tick: Option<DateTime<Utc>>,
+}
+
+impl ControlState {
+    /// An empty state (nothing computed yet).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets everything (on losing leadership; the next term resumes from status).
+    pub fn clear(&mut self) {
+        self.providers.clear();
+        self.last_tick = None;
+    }
+
+    /// The figures of provider `key` (`namespace/name`), once this leader computed them.
+    pub fn figures(&self, key: &str) -> Option<&ProviderFigures> {
+        self.providers.get(key).map(|p| &p.figures)
+    }
+
+    /// When the last tick ran.
+    pub fn last_tick(&self) -> Option<DateTime<Utc>> {
+        self.last_tick
+    }
+
+    /// One tick: steps the controller of every provider in `providers` with its window from
+    /// `windows` (no entry = an idle window) and drops the state of providers that are gone.
+    pub fn step(
+        &mut self,
+        providers: &[std::sync::Arc<LLMProvider>],
+        policies: &[std::sync::Arc<RoutingPolicy>],
+        windows: &BTreeMap<String, ProviderWindow>,
+        now: DateTime<Utc>,
+    ) {
+        let mut sorted: Vec<&RoutingPolicy> = policies.iter().map(|p| &**p).collect();
+        sorted.sort_by_key(|p| key_of(*p));
+        let mut configs: BTreeMap<String, ControllerConfig> = BTreeMap::new();
+        for policy in &sorted {
+            let ns = key_of(*policy);
+            let ns = ns.split_once('/').map_or("default", |(ns, _)| ns);
+            for entry in &policy.spec.providers {
+                configs
+                    .entry(format!("{ns}/{}", entry.name))
+                    .or_insert_with(|| controller_config(policy));
+            }
+        }
+        let mut seen = Vec::with_capacity(providers.len());
+        for p in providers {
+            let key = key_of(&**p);
+            let cfg = configs.get(&key).cloned().unwrap_or_default();
+            let resume = p.status.as_ref().and_then(|s| s.availability);
+            let control = self.providers.entry(key.clone()).or_insert_with(|| {
+                let controller = match resume {
+                    Some(a) => AvailabilityController::with_availability(cfg.clone(), a),
+                    None => AvailabilityController::new(cfg.clone()),
+                };
+                ProviderControl {
+                    figures: ProviderFigures {
+                        availability: controller.availability(),
+                        window: None,
+                        computed_at: None,
+                    },
+                    controller,
+                }
+            });
+            if control.controller.config() != &cfg {
+                let a = control.controller.availability();
+                control.controller = AvailabilityController::with_availability(cfg, a);
+            }
+            let window = windows.get(&key).cloned().unwrap_or_default();
+            let report = control.controller.step(window.counts());
+            control.figures = ProviderFigures {
+                availability: report.availability,
+                window: Some(WindowStatus {
+                    successes: window.successes,
+                    errors: window.provider_errors,
+                    score: report.score,
+                }),
+                computed_at: Some(now),
+            };
+            seen.push(key);
+        }
+        self.providers.retain(|k, _| seen.contains(k));
+        self.last_tick = Some(now);
+    }
+}

@@ -1,0 +1,430 @@
+//! The running operator: one kube-runtime `Controller` per kind, a Secret index, the control
+//! loop, leader election and the health/metrics listener.
+//!
+//! Triggers (what re-runs a sync):
+//! - an object's own change (each controller's watch), and a periodic resync every
+//!   [`RESYNC`];
+//! - a RoutingPolicy when an LLMProvider it lists changes; a TenantQuota when its parent or a
+//!   route it allows changes (mapped through the caches, so only the dependants run);
+//! - every object of every kind when the Secret index changes or this replica becomes the
+//!   leader (coarse, but Secrets change rarely and a new leader must write everything once).
+//!
+//! A failed sync requeues that object alone with doubling backoff ([`Operator::backoff`]);
+//! nothing fails the process, and one broken object never delays the others (field case 29).
+//! Every replica runs the controllers and keeps its caches warm; only the leader writes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::runtime::{Controller, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota};
+use tokio::sync::watch;
+
+use crate::control;
+use crate::error::Error;
+use crate::leader::Leadership;
+use crate::operator::{Operator, Settings, Stores, Synced, system_clock};
+use crate::outcomes::Targets;
+use crate::status::key_of;
+
+/// Periodic resync of every object, so anything a trigger missed converges.
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// Leader election settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseOptions {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+}
+
+/// Everything `switchyard operator` is configured with.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Namespace to watch; every namespace when `None`.
+    pub namespace: Option<String>,
+    /// Where the routers are.
+    pub targets: Targets,
+    /// Leader election; `None` runs as the only replica (always the leader).
+    pub lease: Option<LeaseOptions>,
+    /// This replica's identity (the pod name).
+    pub identity: String,
+    /// Address of `/healthz`, `/readyz` and `/metrics`.
+    pub listen: SocketAddr,
+    /// Fixed control interval instead of the policies' shortest `availability.interval`.
+    pub interval: Option<Duration>,
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A stream that yields once per change seen on `rx`.
+fn changes<T: Send + Sync + 'static>(rx: watch::Receiver<T>) -> impl Stream<Item = ()> + Send {
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    })
+}
+
+async fn reconcile_provider(obj: Arc<LLMProvider>, op: Arc<Operator>) -> Result<Action, Error> {
+    let synced = op.sync_provider(&obj).await?;
+    finish(&op, &key_of(&*obj), synced)
+}
+
+async fn reconcile_policy(obj: Arc<RoutingPolicy>, op: Arc<Operator>) -> Result<Action, Error> {
+    let synced = op.sync_policy(&obj).await?;
+    finish(&op, &key_of(&*obj), synced)
+}
+
+async fn reconcile_tenant(obj: Arc<TenantQuota>, op: Arc<Operator>) -> Result<Action, Error> {
+    let synced = op.sync_tenant(&obj).await?;
+    finish(&op, &key_of(&*obj), synced)
+}
+
+#[allow(clippy::unnecessary_wraps)] // the reconciler signature wants a Result
+fn finish(op: &Operator, key: &str, _synced: Synced) -> Result<Action, Error> {
+    op.succeeded(key);
+    Ok(Action::requeue(RESYNC))
+}
+
+fn error_policy<K: kube::Resource>(obj: Arc<K>, error: &Error, op: Arc<Operator>) -> Action {
+    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let wait = op.backoff(&key);
+    tracing::warn!(object = %key, error = %error, retry_in_ms = wait.as_millis() as u64, "sync failed; retrying");
+    Action::requeue(wait)
+}
+
+async fn log_result<T, E: std::fmt::Display>(kind: &'static str, result: Result<T, E>) {
+    if let Err(e) = result {
+        tracing::debug!(kind, error = %e, "controller event");
+    }
+}
+
+/// Keeps the Secret index current from a watch on Secrets (values are dropped at once) and
+/// bumps `changed` whenever a key set appears, changes or goes.
+async fn index_secrets(
+    api: Api<Secret>,
+    op: Arc<Operator>,
+    changed: watch::Sender<u64>,
+    ready: Arc<AtomicBool>,
+) {
+    let mut buffer: Vec<(String, String, Vec<String>)> = Vec::new();
+    let mut events = watcher(api).boxed();
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "Secret watch failed; retrying with backoff");
+                continue;
+            }
+        };
+        let entry = |s: &Secret| {
+            (
+                s.namespace().unwrap_or_default(),
+                s.name_any(),
+                s.data
+                    .iter()
+                    .flat_map(|d| d.keys().cloned())
+                    .chain(s.string_data.iter().flat_map(|d| d.keys().cloned()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let did_change = match event {
+            WatchEvent::Init => {
+                buffer.clear();
+                false
+            }
+            WatchEvent::InitApply(s) => {
+                buffer.push(entry(&s));
+                false
+            }
+            WatchEvent::InitDone => {
+                let fresh = std::mem::take(&mut buffer);
+                ready.store(true, Ordering::Relaxed);
+                op.update_secrets(|index| {
+                    let mut next = crate::validate::SecretIndex::default();
+                    for (ns, name, keys) in fresh {
+                        next.insert(&ns, &name, keys);
+                    }
+                    let differs = *index != next;
+                    *index = next;
+                    differs
+                })
+            }
+            WatchEvent::Apply(s) => {
+                let (ns, name, keys) = entry(&s);
+                op.update_secrets(|index| index.insert(&ns, &name, keys))
+            }
+            WatchEvent::Delete(s) => op.update_secrets(|index| {
+                index.remove(&s.namespace().unwrap_or_default(), &s.name_any())
+            }),
+        };
+        if did_change {
+            changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+fn watcher(api: Api<Secret>) -> impl Stream<Item = Result<WatchEvent<Secret>, watcher::Error>> {
+    watcher::watcher(api, watcher::Config::default()).default_backoff()
+}
+
+/// The control loop: every interval, tick if leading.
+async fn control_loop(op: Arc<Operator>, fixed: Option<Duration>) {
+    loop {
+        let period = fixed.unwrap_or_else(|| {
+            let policies = op.stores().policies.state();
+            control::interval(policies.iter().map(|p| &**p))
+        });
+        tokio::time::sleep(period).await;
+        let report = op.tick().await;
+        if report.ran && !report.collected.unreachable.is_empty() {
+            tracing::warn!(
+                unreachable = report.collected.unreachable.len(),
+                reachable = report.collected.scraped.len(),
+                "some router replicas were not scraped this interval"
+            );
+        }
+    }
+}
+
+/// Serves `/healthz` (the process runs), `/readyz` (caches synced) and `/metrics`.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    op: Arc<Operator>,
+    ready: Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    #[derive(Clone)]
+    struct Health {
+        op: Arc<Operator>,
+        ready: Arc<AtomicBool>,
+    }
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(h): State<Health>| async move {
+                if h.ready.load(Ordering::Relaxed) {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(|State(h): State<Health>| async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    h.op.metrics.encode(),
+                )
+            }),
+        )
+        .with_state(Health { op, ready });
+    axum::serve(listener, app).await
+}
+
+/// Builds the controllers over `client`, runs everything until `shutdown` resolves.
+///
+/// # Errors
+/// Only failures to start: the listener cannot bind, or leader election cannot start.
+pub async fn run(
+    client: Client,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|source| Error::Serve {
+            addr: options.listen,
+            source,
+        })?;
+    let leadership = match &options.lease {
+        Some(lease) => {
+            Leadership::elect(
+                client.clone(),
+                &lease.namespace,
+                &lease.name,
+                &options.identity,
+            )
+            .await?
+        }
+        None => Leadership::fixed(true),
+    };
+    let settings = Settings {
+        targets: options.targets.clone(),
+        leadership,
+        identity: options.identity.clone(),
+        clock: system_clock(),
+    };
+    run_with(client, options, settings, listener, shutdown).await
+}
+
+/// [`run`] with the settings and listener given (tests: a fixed leadership flag and clock).
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with(
+    client: Client,
+    options: Options,
+    settings: Settings,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let ns = options.namespace.as_deref();
+    let wc = watcher::Config::default();
+    let providers_api: Api<LLMProvider> = scoped(&client, ns);
+    let policies_api: Api<RoutingPolicy> = scoped(&client, ns);
+    let tenants_api: Api<TenantQuota> = scoped(&client, ns);
+    let secrets_api: Api<Secret> = scoped(&client, ns);
+
+    let providers_c = Controller::new(providers_api.clone(), wc.clone());
+    let policies_c = Controller::new(policies_api.clone(), wc.clone());
+    let tenants_c = Controller::new(tenants_api.clone(), wc.clone());
+    let stores = Stores {
+        providers: providers_c.store(),
+        policies: policies_c.store(),
+        tenants: tenants_c.store(),
+    };
+    let leader_rx = settings.leadership.subscribe();
+    let op = Arc::new(Operator::new(client.clone(), stores.clone(), settings));
+
+    // Bumped on every Secret index change and on gaining leadership: re-sync everything.
+    let (world_tx, world_rx) = watch::channel(0u64);
+    let secrets_ready = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(AtomicBool::new(false));
+
+    let policy_store = stores.policies.clone();
+    let policies_c = policies_c
+        .watches(providers_api, wc.clone(), move |provider: LLMProvider| {
+            let ns = provider.namespace();
+            let name = provider.name_any();
+            policy_store
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace() == ns && p.spec.providers.iter().any(|e| e.name == name))
+                .map(|p| ObjectRef::from_obj(&*p))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_all_on(changes(world_rx.clone()));
+    let tenant_store = stores.tenants.clone();
+    let tenant_store2 = stores.tenants.clone();
+    let tenants_c = tenants_c
+        .watches(policies_api, wc.clone(), move |policy: RoutingPolicy| {
+            let ns = policy.namespace();
+            let name = policy.name_any();
+            tenant_store
+                .state()
+                .into_iter()
+                .filter(|t| t.namespace() == ns && t.spec.allowed_routes.contains(&name))
+                .map(|t| ObjectRef::from_obj(&*t))
+                .collect::<Vec<_>>()
+        })
+        .watches(tenants_api, wc.clone(), move |parent: TenantQuota| {
+            let ns = parent.namespace();
+            let name = parent.name_any();
+            tenant_store2
+                .state()
+                .into_iter()
+                .filter(|t| t.namespace() == ns && t.spec.parent.as_deref() == Some(&name))
+                .map(|t| ObjectRef::from_obj(&*t))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_all_on(changes(world_rx.clone()));
+    let providers_c = providers_c.reconcile_all_on(changes(world_rx));
+
+    let shutdown = shutdown.shared();
+    let providers_run = providers_c
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile_provider, error_policy, op.clone())
+        .for_each(|r| log_result("LLMProvider", r));
+    let policies_run = policies_c
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile_policy, error_policy, op.clone())
+        .for_each(|r| log_result("RoutingPolicy", r));
+    let tenants_run = tenants_c
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile_tenant, error_policy, op.clone())
+        .for_each(|r| log_result("TenantQuota", r));
+
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(index_secrets(
+        secrets_api,
+        op.clone(),
+        world_tx.clone(),
+        secrets_ready.clone(),
+    ));
+    {
+        let op = op.clone();
+        let mut rx = leader_rx;
+        tasks.spawn(async move {
+            let mut was = *rx.borrow();
+            op.metrics.leader.set(i64::from(was));
+            if was {
+                world_tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            while rx.changed().await.is_ok() {
+                let now = *rx.borrow();
+                op.metrics.leader.set(i64::from(now));
+                if now && !was {
+                    tracing::info!("became the leader; writing every status");
+                    world_tx.send_modify(|n| *n = n.wrapping_add(1));
+                } else if !now && was {
+                    tracing::info!("lost the leadership; no more writes");
+                    op.step_down().await;
+                }
+                was = now;
+            }
+        });
+    }
+    tasks.spawn(control_loop(op.clone(), options.interval));
+    {
+        let (stores, ready) = (stores.clone(), ready.clone());
+        tasks.spawn(async move {
+            let synced = stores.providers.wait_until_ready().await.is_ok()
+                && stores.policies.wait_until_ready().await.is_ok()
+                && stores.tenants.wait_until_ready().await.is_ok();
+            while synced && !secrets_ready.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            ready.store(synced, Ordering::Relaxed);
+        });
+    }
+    {
+        let op = op.clone();
+        tasks.spawn(async move {
+            if let Err(e) = serve(listener, op, ready).await {
+                tracing::error!(error = %e, "health and metrics listener stopped");
+            }
+        });
+    }
+    tracing::info!(namespace = ns.unwrap_or("<all>"), "operator running");
+    futures::join!(providers_run, policies_run, tenants_run);
+    tasks.abort_all();
+    Ok(())
+}

@@ -1,0 +1,512 @@
+//! The operator's shared state and its two writers of status: the per-object sync (run by the
+//! kind controllers on every change) and the control tick (run by the leader every interval).
+//!
+//! Both go through one pipeline (STYLE pattern 2): read the watch caches → validate the whole
+//! world ([`crate::validate`]) → compute the object's wanted status ([`crate::status`]) →
+//! apply it by server-side apply under the constant field manager `switchyard-operator`, only
+//! when it differs from the stored one in more than timestamps, and only on the leader. Because
+//! every write carries the object's *whole* status, the two writers never undo each other's
+//! fields under the one field manager.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use switchyard_api::common::{condition, field_manager, reason};
+use switchyard_api::loader::ObjectValidator;
+use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota};
+
+use crate::control::ControlState;
+use crate::error::Error;
+use crate::leader::Leadership;
+use crate::metrics::{Metrics, ProviderLabel, ReplicaLabel, StateLabel};
+use crate::outcomes::{Collected, Collector, Targets, discover};
+use crate::status::{
+    availability_of, degraded_flag, key_of, needs_write, policy_status, provider_status,
+    tenant_status,
+};
+use crate::validate::{SecretIndex, Verdicts, World, validate};
+
+/// Locks a mutex, recovering from poisoning: every critical section leaves its data whole.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Wall-clock source; injected so tests fix `lastTransitionTime` and tick times.
+pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
+
+/// The wall clock of a real process.
+pub fn system_clock() -> Clock {
+    // The process edge: status timestamps are wall-clock times by definition.
+    Arc::new(Utc::now)
+}
+
+/// The watch caches of the three kinds.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// LLMProviders in scope.
+    pub providers: Store<LLMProvider>,
+    /// RoutingPolicies in scope.
+    pub policies: Store<RoutingPolicy>,
+    /// TenantQuotas in scope.
+    pub tenants: Store<TenantQuota>,
+}
+
+/// What one status sync did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synced {
+    /// The stored status already matched (timestamps aside); nothing was sent.
+    Unchanged,
+    /// A status patch was sent.
+    Written,
+    /// The status differs but this replica is not the leader; nothing was sent.
+    NotLeader,
+}
+
+impl Synced {
+    fn label(self) -> &'static str {
+        match self {
+            Synced::Unchanged => "unchanged",
+            Synced::Written => "written",
+            Synced::NotLeader => "skipped_not_leader",
+        }
+    }
+}
+
+/// What one control tick did.
+#[derive(Debug, Clone, Default)]
+pub struct TickReport {
+    /// Whether the tick ran (only the leader ticks).
+    pub ran: bool,
+    /// The collection round.
+    pub collected: Collected,
+    /// Statuses written.
+    pub written: usize,
+    /// Objects whose status write failed (they are retried next tick).
+    pub failed: usize,
+    /// Why replica discovery failed, when it did.
+    pub discovery_error: Option<String>,
+}
+
+/// Settings of an [`Operator`] besides its client and caches.
+#[derive(Clone)]
+pub struct Settings {
+    /// Where the routers are.
+    pub targets: Targets,
+    /// Who leads.
+    pub leadership: Leadership,
+    /// Identity reported on Events (the pod name).
+    pub identity: String,
+    /// Wall clock.
+    pub clock: Clock,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("targets", &self.targets)
+            .field("leadership", &self.leadership)
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Shared state of one operator process; the context of every reconcile.
+pub struct Operator {
+    client: Client,
+    stores: Stores,
+    settings: Settings,
+    secrets: Mutex<SecretIndex>,
+    validator: ObjectValidator,
+    control: Mutex<ControlState>,
+    collector: tokio::sync::Mutex<Collector>,
+    recorder: Recorder,
+    failures: Mutex<HashMap<String, u32>>,
+    /// Metrics served on `/metrics`.
+    pub metrics: Metrics,
+}
+
+impl fmt::Debug for Operator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Operator")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Longest wait before an object whose sync keeps failing is tried again.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// First wait after a failed sync; doubled per consecutive failure.
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+
+impl Operator {
+    /// An operator over `stores` (filled by the controllers' watches, or by a test).
+    pub fn new(client: Client, stores: Stores, settings: Settings) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: field_manager::OPERATOR.to_owned(),
+                instance: Some(settings.identity.clone()),
+            },
+        );
+        Operator {
+            client,
+            stores,
+            settings,
+            secrets: Mutex::new(SecretIndex::default()),
+            validator: ObjectValidator::new(),
+            control: Mutex::new(ControlState::new()),
+            collector: tokio::sync::Mutex::new(Collector::new()),
+            recorder,
+            failures: Mutex::new(HashMap::new()),
+            metrics: Metrics::new(),
+        }
+    }
+
+    /// The watch caches.
+    pub fn stores(&self) -> &Stores {
+        &self.stores
+    }
+
+    /// Who leads.
+    pub fn leadership(&self) -> &Leadership {
+        &self.settings.leadership
+    }
+
+    /// Changes the Secret index with `f`; returns what `f` returns (whether it changed).
+    pub fn update_secrets(&self, f: impl FnOnce(&mut SecretIndex) -> bool) -> bool {
+        f(&mut lock(&self.secrets))
+    }
+
+    /// Forgets the control loop's state (on losing leadership; the next term resumes from
+    /// the stored status and starts scraping from baselines).
+    pub async fn step_down(&self) {
+        lock(&self.control).clear();
+        self.settings_collector_clear().await;
+    }
+
+    async fn settings_collector_clear(&self) {
+        self.collector.lock().await.clear();
+    }
+
+    fn world(&self) -> World {
+        World {
+            providers: self.stores.providers.state(),
+            policies: self.stores.policies.state(),
+            tenants: self.stores.tenants.state(),
+            secrets: lock(&self.secrets).clone(),
+        }
+    }
+
+    fn verdicts(&self) -> Verdicts {
+        validate(&self.world(), &self.validator)
+    }
+
+    /// Computes and, when needed, writes the status of one LLMProvider.
+    ///
+    /// # Errors
+    /// [`Error::WriteStatus`] when the patch fails.
+    pub async fn sync_provider(&self, p: &LLMProvider) -> Result<Synced, Error> {
+        let verdicts = self.verdicts();
+        self.sync_provider_with(p, &verdicts).await
+    }
+
+    async fn sync_provider_with(
+        &self,
+        p: &LLMProvider,
+        verdicts: &Verdicts,
+    ) -> Result<Synced, Error> {
+        let (ns, name) = names(p);
+        let figures = lock(&self.control).figures(&key_of(p)).cloned();
+        let now = (self.settings.clock)();
+        let problems = verdicts.problems("LLMProvider", &ns, &name);
+        let wanted = provider_status(p, problems, figures.as_ref(), now);
+        if let Some(a) = wanted.availability {
+            self.metrics
+                .availability
+                .get_or_create(&ProviderLabel {
+                    provider: key_of(p),
+                })
+                .set(a);
+        }
+        let flip = degraded_change(
+            p.status.as_ref().map(|s| s.conditions.as_slice()),
+            &wanted.conditions,
+        );
+        let body = serde_json::to_value(&wanted).unwrap_or_default();
+        let synced = self.apply(p, p.status.as_ref(), &wanted, body).await?;
+        if synced == Synced::Written
+            && let Some(low) = flip
+        {
+            self.publish_degraded(p, low, &wanted.conditions).await;
+        }
+        Ok(synced)
+    }
+
+    /// Computes and, when needed, writes the status of one RoutingPolicy.
+    ///
+    /// # Errors
+    /// [`Error::WriteStatus`] when the patch fails.
+    pub async fn sync_policy(&self, policy: &RoutingPolicy) -> Result<Synced, Error> {
+        let verdicts = self.verdicts();
+        self.sync_policy_with(policy, &verdicts).await
+    }
+
+    async fn sync_policy_with(
+        &self,
+        policy: &RoutingPolicy,
+        verdicts: &Verdicts,
+    ) -> Result<Synced, Error> {
+        let (ns, name) = names(policy);
+        let now = (self.settings.clock)();
+        let providers = self.stores.providers.state();
+        let (wanted, flip) = {
+            let control = lock(&self.control);
+            let availability = |key: &str| {
+                providers
+                    .iter()
+                    .find(|p| key_of(&***p) == key)
+                    .map_or(0.0, |p| availability_of(p, control.figures(key)))
+            };
+            let wanted = policy_status(
+                policy,
+                verdicts.problems("RoutingPolicy", &ns, &name),
+                verdicts.entries(&ns, &name),
+                availability,
+                control.last_tick(),
+                now,
+            );
+            let flip = degraded_change(
+                policy.status.as_ref().map(|s| s.conditions.as_slice()),
+                &wanted.conditions,
+            );
+            (wanted, flip)
+        };
+        let body = serde_json::to_value(&wanted).unwrap_or_default();
+        let synced = self
+            .apply(policy, policy.status.as_ref(), &wanted, body)
+            .await?;
+        if synced == Synced::Written
+            && let Some(low) = flip
+        {
+            self.publish_degraded(policy, low, &wanted.conditions).await;
+        }
+        Ok(synced)
+    }
+
+    /// Computes and, when needed, writes the status of one TenantQuota (`Ready` and
+    /// `observedGeneration` only; usage figures are not the operator's).
+    ///
+    /// # Errors
+    /// [`Error::WriteStatus`] when the patch fails.
+    pub async fn sync_tenant(&self, t: &TenantQuota) -> Result<Synced, Error> {
+        let verdicts = self.verdicts();
+        let (ns, name) = names(t);
+        let now = (self.settings.clock)();
+        let wanted = tenant_status(t, verdicts.problems("TenantQuota", &ns, &name), now);
+        let body = json!({
+            "conditions": wanted.conditions,
+            "observedGeneration": wanted.observed_generation,
+        });
+        self.apply(t, t.status.as_ref(), &wanted, body).await
+    }
+
+    async fn apply<K, S>(
+        &self,
+        obj: &K,
+        current: Option<&S>,
+        wanted: &S,
+        body: serde_json::Value,
+    ) -> Result<Synced, Error>
+    where
+        K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + fmt::Debug,
+        S: Serialize,
+    {
+        let kind = K::kind(&()).into_owned();
+        let (ns, name) = names(obj);
+        let synced = if !needs_write(current, wanted) {
+            Synced::Unchanged
+        } else if !self.settings.leadership.is_leader() {
+            Synced::NotLeader
+        } else {
+            let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
+            let patch = json!({
+                "apiVersion": K::api_version(&()),
+                "kind": kind,
+                "status": body,
+            });
+            let params = PatchParams::apply(field_manager::OPERATOR).force();
+            if let Err(source) = api
+                .patch_status(&name, &params, &Patch::Apply(&patch))
+                .await
+            {
+                self.metrics.sync(&kind, "write_failed");
+                return Err(Error::WriteStatus {
+                    object: format!("{kind} {ns}/{name}"),
+                    source,
+                });
+            }
+            tracing::debug!(kind = %kind, namespace = %ns, name = %name, "status written");
+            Synced::Written
+        };
+        self.metrics.sync(&kind, synced.label());
+        Ok(synced)
+    }
+
+    async fn publish_degraded<K>(
+        &self,
+        obj: &K,
+        low: bool,
+        conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let note = conditions
+            .iter()
+            .find(|c| c.type_ == condition::DEGRADED)
+            .map(|c| c.message.clone());
+        let event = Event {
+            type_: if low {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: if low {
+                reason::LOW_AVAILABILITY
+            } else {
+                reason::RECOVERED
+            }
+            .to_owned(),
+            note,
+            action: "ComputeAvailability".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            let (ns, name) = names(obj);
+            tracing::warn!(namespace = %ns, name = %name, error = %e, "failed to publish a Degraded event");
+        }
+    }
+
+    /// Backoff before retrying a failed sync of `key`, doubling per consecutive failure.
+    pub fn backoff(&self, key: &str) -> Duration {
+        let mut failures = lock(&self.failures);
+        let n = failures.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        let factor = 1u32
+            .checked_shl(n.saturating_sub(1).min(16))
+            .unwrap_or(u32::MAX);
+        FIRST_BACKOFF.saturating_mul(factor).min(MAX_BACKOFF)
+    }
+
+    /// Clears the failure count of `key` after a good sync.
+    pub fn succeeded(&self, key: &str) {
+        lock(&self.failures).remove(key);
+    }
+
+    /// One control tick (leader only): discover and scrape the routers, step every provider's
+    /// availability controller, and sync the status of every provider and policy.
+    pub async fn tick(&self) -> TickReport {
+        if !self.settings.leadership.is_leader() {
+            return TickReport::default();
+        }
+        let now = (self.settings.clock)();
+        let mut report = TickReport {
+            ran: true,
+            ..TickReport::default()
+        };
+        let addresses = match discover(&self.client, &self.settings.targets).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "failed to list router endpoints; no outcomes this interval");
+                report.discovery_error = Some(e.to_string());
+                Vec::new()
+            }
+        };
+        let collected = self.collector.lock().await.collect(&addresses, now).await;
+        for address in collected.unreachable.keys() {
+            self.metrics
+                .scrape_failures
+                .get_or_create(&ReplicaLabel {
+                    replica: address.clone(),
+                })
+                .inc();
+        }
+        let reachable = i64::try_from(collected.scraped.len()).unwrap_or(i64::MAX);
+        let unreachable = i64::try_from(collected.unreachable.len()).unwrap_or(i64::MAX);
+        self.metrics
+            .replicas
+            .get_or_create(&StateLabel {
+                state: "reachable".to_owned(),
+            })
+            .set(reachable);
+        self.metrics
+            .replicas
+            .get_or_create(&StateLabel {
+                state: "unreachable".to_owned(),
+            })
+            .set(unreachable);
+        let providers = self.stores.providers.state();
+        let policies = self.stores.policies.state();
+        lock(&self.control).step(&providers, &policies, &collected.providers, now);
+        self.metrics.ticks.inc();
+        let verdicts = self.verdicts();
+        for p in &providers {
+            match self.sync_provider_with(p, &verdicts).await {
+                Ok(Synced::Written) => report.written += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "status write failed; retried next interval");
+                    report.failed += 1;
+                }
+            }
+        }
+        for policy in &policies {
+            match self.sync_policy_with(policy, &verdicts).await {
+                Ok(Synced::Written) => report.written += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "status write failed; retried next interval");
+                    report.failed += 1;
+                }
+            }
+        }
+        tracing::debug!(
+            replicas = collected.scraped.len(),
+            unreachable = collected.unreachable.len(),
+            written = report.written,
+            "control tick"
+        );
+        report.collected = collected;
+        report
+    }
+}
+
+fn names<K: Resource>(o: &K) -> (String, String) {
+    (
+        o.namespace().unwrap_or_else(|| "default".to_owned()),
+        o.name_any(),
+    )
+}
+
+/// `Some(new flag)` when `Degraded` flips between the stored and the wanted conditions; a
+/// first status that is not degraded is no transition.
+fn degraded_change(
+    current: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]>,
+    wanted: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Option<bool> {
+    let before = current.and_then(degraded_flag).unwrap_or(false);
+    let after = degraded_flag(wanted)?;
+    (before != after).then_some(after)
+}
