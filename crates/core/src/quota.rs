@@ -201,6 +201,89 @@ impl BucketId {
     pub const fn index(self) -> u32 {
         self.0
     }
+
+    /// An id from a plain index. Stores that keep buckets elsewhere (Redis) use it to name the
+    /// binding bucket of a [`Refusal`] by its position in the caller's bucket list.
+    pub const fn from_index(index: u32) -> Self {
+        BucketId(index)
+    }
+}
+
+impl BucketSpec {
+    /// Checks the spec the way [`Ledger::register`] does (period, reset time, dimension and
+    /// rule agree), so a remote store applies the same rules. Errors: see [`SpecError`].
+    pub fn validate(&self) -> Result<(), SpecError> {
+        validate(self)
+    }
+
+    /// The reason code a refusal by this bucket carries, e.g. `tenant_input_tokens_per_minute`,
+    /// `tenant_spend`, `tenant_concurrency`, `provider_capacity` (provider-side scopes never
+    /// say more, so nothing about a provider's limits leaks to callers).
+    pub fn reason_code(&self) -> String {
+        reason_code(self)
+    }
+
+    /// Units this bucket takes for a reservation of `d`: requests, input (+ cache reads when
+    /// `count_cached_input`), output, total, one concurrency slot, or micro-USD.
+    pub fn demand_amount(&self, d: &Demand) -> u64 {
+        let cached = if self.count_cached_input {
+            d.cached_input_tokens
+        } else {
+            0
+        };
+        match self.dimension {
+            Dimension::Requests => d.requests,
+            Dimension::InputTokens => d.input_tokens.saturating_add(cached),
+            Dimension::OutputTokens => d.output_tokens,
+            Dimension::TotalTokens => d
+                .input_tokens
+                .saturating_add(cached)
+                .saturating_add(d.output_tokens),
+            Dimension::Concurrency => 1,
+            Dimension::SpendMicroUsd => d.spend_micro_usd,
+        }
+    }
+
+    /// Units this bucket is really charged for reported usage `u` of a reservation of `d`
+    /// (requests count as sent: `d.requests`; input is uncached + cache writes, + cache reads
+    /// when `count_cached_input`).
+    pub fn usage_amount(&self, u: &Usage, d: &Demand) -> u64 {
+        let cached = if self.count_cached_input {
+            u.cache_read
+        } else {
+            0
+        };
+        let input = u
+            .input_uncached
+            .saturating_add(u.cache_write)
+            .saturating_add(cached);
+        match self.dimension {
+            Dimension::Requests => d.requests,
+            Dimension::InputTokens => input,
+            Dimension::OutputTokens => u.output,
+            Dimension::TotalTokens => input.saturating_add(u.output),
+            Dimension::Concurrency => 1,
+            Dimension::SpendMicroUsd => u.spend_micro_usd,
+        }
+    }
+}
+
+impl Rule {
+    /// For a [`Rule::FixedWindow`], the window containing `wall`: `(epoch, start, end)`, where
+    /// `epoch` numbers windows (window index since the Unix epoch, or the local day number a
+    /// `reset_at` window starts on) and `end` is exclusive. `None` for other rules. Remote
+    /// stores compute boundaries here so time zones and DST follow the same code.
+    pub fn window_at(&self, wall: DateTime<Utc>) -> Option<(i64, DateTime<Utc>, DateTime<Utc>)> {
+        match self {
+            Rule::FixedWindow {
+                period,
+                reset_at,
+                tz,
+                ..
+            } => Some(window_at(wall, *period, *reset_at, *tz)),
+            _ => None,
+        }
+    }
 }
 
 /// A live reservation: slot and generation, so a settled id never matches a later reservation.
@@ -669,45 +752,12 @@ impl Bucket {
         }
     }
 
-    /// Units this bucket takes for `d`.
     fn demand_amount(&self, d: &Demand) -> u64 {
-        let cached = if self.spec.count_cached_input {
-            d.cached_input_tokens
-        } else {
-            0
-        };
-        match self.spec.dimension {
-            Dimension::Requests => d.requests,
-            Dimension::InputTokens => d.input_tokens.saturating_add(cached),
-            Dimension::OutputTokens => d.output_tokens,
-            Dimension::TotalTokens => d
-                .input_tokens
-                .saturating_add(cached)
-                .saturating_add(d.output_tokens),
-            Dimension::Concurrency => 1,
-            Dimension::SpendMicroUsd => d.spend_micro_usd,
-        }
+        self.spec.demand_amount(d)
     }
 
-    /// Units this bucket is really charged for `u` (requests count as sent).
     fn usage_amount(&self, u: &Usage, d: &Demand) -> u64 {
-        let cached = if self.spec.count_cached_input {
-            u.cache_read
-        } else {
-            0
-        };
-        let input = u
-            .input_uncached
-            .saturating_add(u.cache_write)
-            .saturating_add(cached);
-        match self.spec.dimension {
-            Dimension::Requests => d.requests,
-            Dimension::InputTokens => input,
-            Dimension::OutputTokens => u.output,
-            Dimension::TotalTokens => input.saturating_add(u.output),
-            Dimension::Concurrency => 1,
-            Dimension::SpendMicroUsd => u.spend_micro_usd,
-        }
+        self.spec.usage_amount(u, d)
     }
 
     /// `None` when `amount` fits now, else how long until it would.

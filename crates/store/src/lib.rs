@@ -1,0 +1,667 @@
+//! Quota stores for the rate-limit broker (DESIGN §3 steps 6 and 8, §4.7; issue 5; seed 001):
+//! where reservations made by [`switchyard_core::quota`] rules live.
+//!
+//! **Backends.** [`QuotaStore::in_process`] wraps a core [`Ledger`](switchyard_core::quota::Ledger)
+//! in a mutex (one router). [`QuotaStore::redis`] keeps the buckets in Redis for several router
+//! replicas: one Lua script per reservation checks every bucket and debits all or none, one
+//! per settlement credits back exactly what the reservation record says was debited, each a
+//! single round trip (`EVALSHA`). Scripts read Redis's own clock (`TIME`) so replicas agree on
+//! refill; fixed-window boundaries (reset time, time zone, DST) are computed in Rust by core's
+//! [`Rule::window_at`](switchyard_core::quota::Rule::window_at) and passed in.
+//!
+//! **Same semantics in both.** Amounts per bucket come from core
+//! ([`BucketSpec::demand_amount`], [`BucketSpec::usage_amount`]), reason codes from
+//! [`BucketSpec::reason_code`], the binding bucket is chosen by the same ranking (never > the
+//! longest time wait > on release; the first listed wins ties), token levels are exact
+//! integers (unit-ticks, see below), overruns put a bucket in debt, a credit for a closed
+//! window is dropped and an overrun is charged to the current one, an aborted request without
+//! usage keeps its estimate, and concurrency is freed on every exit. Differences from core:
+//! Redis measures time in microseconds (core: nanoseconds), so a wait can be up to 1 µs longer;
+//! a token bucket whose `capacity × period_µs` exceeds 2^53 refills in coarser ticks (the
+//! smallest power of ten of microseconds that keeps Lua's doubles exact, e.g. 1 s for
+//! 10^10 units a day); amounts above 2^53 lose precision; reservation expiry (TTL) has
+//! millisecond resolution; window boundaries follow the caller's wall clock, so replicas
+//! must agree on the time within a window (a lagging replica never reopens a closed window).
+//!
+//! **Abandoned reservations.** A reservation is a hash with a TTL and its concurrency slots
+//! are members of a sorted set scored by expiry, pruned on every check, so a replica that
+//! dies with reservations open frees their slots by itself; the estimate stays charged (as
+//! core's [`Ledger::expire`](switchyard_core::quota::Ledger::expire)). A [`Ticket`] dropped
+//! without being settled is released with its estimate kept (field case 13).
+//!
+//! **Outage fallback and its bound (field case 10).** When a Redis call fails or exceeds the
+//! op timeout (default 50 ms), the store switches to [`StoreMode::LocalFallback`]: it serves
+//! from a local ledger whose capacities are `⌈C / s⌉` (`s` = [`RedisOptions::local_share`],
+//! normally the replica count), logs once per transition, probes Redis in the background and
+//! switches back when it answers. With `R` replicas, a fixed window of capacity `C` admits
+//! at most `C` with Redis; in a window spent wholly in the outage, at most
+//! `R · ⌈C / s⌉` (= `C + R − 1` at most when `s = R`); in a window in which the mode changes,
+//! at most `C + R · ⌈C / s⌉` (≤ `2C + R − 1` when `s = R`), because neither side sees what the
+//! other admitted. Token buckets: over any interval `t` the outage part admits at most
+//! `R · ⌈C / s⌉ · (1 + t / P)`. Concurrency: at most `R · ⌈L / s⌉` local slots plus the Redis
+//! slots still held when the outage began. Tickets issued by Redis and settled during the
+//! outage are not credited back (their estimate stays charged, their slots expire with the
+//! TTL); fallback tickets settle against the local ledger even after Redis returns.
+//!
+//! **Shared signals (field case 8).** Retry-After pauses and open breakers are deadlines in one
+//! Redis hash that only ever move later (a shorter pause never shortens a longer one, field
+//! case 7), announced on a pub/sub channel. Every replica subscribes; a restarted one loads
+//! them with [`QuotaStore::load_signals`]. The in-process store uses a local broadcast so
+//! callers have one code path.
+//!
+//! **Alternatives rejected.** `WATCH`/`MULTI` optimistic transactions need a read round trip
+//! and retry under contention; one script is atomic in one round trip. GCRA (one theoretical
+//! arrival time per bucket, as redis-cell does) gives the same admissions for a token bucket but
+//! reads worse for credits, debts and header corrections. A Redis-side sliding log costs memory
+//! per request. Failing closed during an outage would turn a cache outage into a full outage;
+//! failing open would drop every limit; a per-replica share keeps a stated bound.
+
+mod local;
+mod remote;
+mod signals;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use switchyard_core::quota::{
+    BucketId, BucketSpec, Demand, RateFigures, Refusal, ReservationId, Usage, Wait,
+};
+use tokio::sync::watch;
+
+pub use signals::{Signal, SignalKind};
+
+use local::{LocalBook, Settle, wall_now};
+use remote::{Ask, Remote};
+use signals::LocalSignals;
+
+/// Where reservations are served from (for the `quota_store_mode` metric and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreMode {
+    /// The in-process ledger (one router).
+    InProcess,
+    /// Redis, shared by every replica.
+    Redis,
+    /// Redis is unreachable: local buckets holding this replica's share of each limit.
+    LocalFallback,
+}
+
+impl StoreMode {
+    /// Metric label: `in_process`, `redis`, `local_fallback`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            StoreMode::InProcess => "in_process",
+            StoreMode::Redis => "redis",
+            StoreMode::LocalFallback => "local_fallback",
+        }
+    }
+}
+
+/// Errors of the Redis store. Reservations never return these: a failing Redis switches the
+/// store to [`StoreMode::LocalFallback`] instead.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL could not be parsed.
+    #[error("invalid redis url: {0}")]
+    Url(#[source] redis::RedisError),
+    /// The first connection failed.
+    #[error("failed to connect to redis: {0}")]
+    Connect(#[source] redis::RedisError),
+    /// A command failed.
+    #[error("redis command failed: {0}")]
+    Redis(#[source] redis::RedisError),
+    /// No answer within the op timeout.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// A script answered something this version does not understand.
+    #[error("unexpected redis reply: {0}")]
+    Reply(String),
+}
+
+/// Options of [`QuotaStore::redis`].
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://host:port/db` (or `rediss://`, `unix://`).
+    pub url: String,
+    /// Key prefix; all keys go under the hash tag `{prefix}` so each script touches one slot.
+    pub key_prefix: String,
+    /// Longest wait for one Redis operation before falling back (default 50 ms).
+    pub op_timeout: Duration,
+    /// Share of each limit a replica may use alone during an outage: capacities become
+    /// `⌈C / local_share⌉` (normally the replica count; default 1).
+    pub local_share: u32,
+    /// How often to probe Redis during an outage (default 1 s).
+    pub probe_interval: Duration,
+    /// Longest wait for the first connection and subscription (default 2 s).
+    pub connect_timeout: Duration,
+}
+
+impl RedisOptions {
+    /// Defaults for `url`: prefix `switchyard`, op timeout 50 ms, share 1, probe every 1 s.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisOptions {
+            url: url.into(),
+            key_prefix: "switchyard".into(),
+            op_timeout: Duration::from_millis(50),
+            local_share: 1,
+            probe_interval: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A quota store shared by a router's request handlers: cheap to clone (an `Arc` inside),
+/// `Send + Sync`.
+#[derive(Debug, Clone)]
+pub struct QuotaStore {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    backend: Backend,
+    in_flight: AtomicUsize,
+    mode: watch::Sender<StoreMode>,
+    signals: LocalSignals,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+    }
+}
+
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per store, built once inside an Arc: the size costs nothing
+enum Backend {
+    InProcess(Mutex<LocalBook>),
+    Redis(RedisBackend),
+}
+
+#[derive(Debug)]
+struct RedisBackend {
+    remote: Remote,
+    fallback: Mutex<LocalBook>,
+    share: u32,
+    probe_interval: Duration,
+    probing: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the book leaves it consistent (core never half-applies).
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A live reservation. Settle it with [`QuotaStore::reconcile`], [`QuotaStore::release`] or
+/// [`QuotaStore::cancel`]; dropping it unsettled releases it with the estimate kept and its
+/// concurrency freed (in process at once, with Redis in a spawned task), so no exit path
+/// leaks a slot (field case 13).
+#[derive(Debug)]
+pub struct Ticket {
+    live: Option<Live>,
+}
+
+#[derive(Debug)]
+struct Live {
+    shared: Arc<Shared>,
+    issued: Issued,
+    /// Buckets debited (deduplicated by key) and the units debited on each.
+    charges: SmallVec<[(Arc<BucketSpec>, u64); 6]>,
+    demand: Demand,
+}
+
+#[derive(Debug, Clone)]
+enum Issued {
+    Local(ReservationId),
+    Fallback(ReservationId),
+    Redis(String),
+}
+
+impl Ticket {
+    /// The estimate reserved.
+    pub fn demand(&self) -> Demand {
+        self.live.as_ref().map(|l| l.demand).unwrap_or_default()
+    }
+
+    /// Which backend issued it ([`StoreMode::InProcess`], [`StoreMode::Redis`] or
+    /// [`StoreMode::LocalFallback`]).
+    pub fn issued_by(&self) -> Option<StoreMode> {
+        self.live.as_ref().map(|l| match l.issued {
+            Issued::Local(_) => StoreMode::InProcess,
+            Issued::Fallback(_) => StoreMode::LocalFallback,
+            Issued::Redis(_) => StoreMode::Redis,
+        })
+    }
+
+    /// A stable id for logs: the ledger's 64-bit id, or the Redis reservation id.
+    pub fn id(&self) -> String {
+        match self.live.as_ref().map(|l| &l.issued) {
+            Some(Issued::Local(id) | Issued::Fallback(id)) => format!("{:x}", id.as_u64()),
+            Some(Issued::Redis(id)) => id.clone(),
+            None => String::new(),
+        }
+    }
+
+    /// Units debited per bucket key, in reservation order (a key listed twice appears once).
+    pub fn charges(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.live
+            .iter()
+            .flat_map(|l| l.charges.iter().map(|(s, a)| (s.key.as_str(), *a)))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let Some(live) = self.live.take() else { return };
+        match &live.issued {
+            Issued::Local(_) | Issued::Fallback(_) => settle_local(live, Settle::KeepEstimate),
+            Issued::Redis(_) => match tokio::runtime::Handle::try_current() {
+                Ok(handle) => {
+                    handle.spawn(settle_live(live, Settle::KeepEstimate));
+                }
+                Err(_) => {
+                    // No runtime to talk to Redis: the record and its slots expire by TTL.
+                    live.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+            },
+        }
+    }
+}
+
+fn settle_local(live: Live, how: Settle) {
+    match (&live.shared.backend, &live.issued) {
+        (Backend::InProcess(book), Issued::Local(id)) => {
+            lock(book).settle(*id, how);
+        }
+        (Backend::Redis(r), Issued::Fallback(id)) => {
+            lock(&r.fallback).settle(*id, how);
+        }
+        _ => {}
+    }
+    live.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+}
+
+async fn settle_live(live: Live, how: Settle) {
+    let Issued::Redis(id) = &live.issued else {
+        settle_local(live, how);
+        return;
+    };
+    if let Backend::Redis(r) = &live.shared.backend
+        && *live.shared.mode.borrow() == StoreMode::Redis
+    {
+        let asks: SmallVec<[Ask<'_>; 6]> = live
+            .charges
+            .iter()
+            .map(|(spec, _)| Ask {
+                spec,
+                amount: match how {
+                    Settle::Actual(u) => Some(spec.usage_amount(&u, &live.demand)),
+                    Settle::KeepEstimate => None,
+                    Settle::Nothing => Some(0),
+                },
+            })
+            .collect();
+        if let Err(e) = r.remote.settle(id, &asks, wall_now()).await {
+            enter_fallback(&live.shared, r, "settle", &e);
+        }
+    }
+    // In fallback the record cannot be reached: it expires with its TTL, estimate kept.
+    live.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Switches to the local fallback (once per outage) and starts the probe that switches back.
+fn enter_fallback(shared: &Arc<Shared>, r: &RedisBackend, op: &str, err: &StoreError) {
+    let changed = shared.mode.send_if_modified(|m| {
+        if *m == StoreMode::Redis {
+            *m = StoreMode::LocalFallback;
+            true
+        } else {
+            false
+        }
+    });
+    if changed {
+        tracing::warn!(op, error = %err, share = r.share, "quota store: redis unreachable, serving from local buckets with 1/share of each limit");
+    }
+    if !r.probing.swap(true, Ordering::AcqRel)
+        && let Ok(handle) = tokio::runtime::Handle::try_current()
+    {
+        let weak = Arc::downgrade(shared);
+        let task = handle.spawn(probe(weak, r.probe_interval));
+        lock(&shared.tasks).push(task.abort_handle());
+    }
+}
+
+async fn probe(weak: Weak<Shared>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(shared) = weak.upgrade() else { return };
+        let Backend::Redis(r) = &shared.backend else {
+            return;
+        };
+        if r.remote.ping().await.is_ok() {
+            r.probing.store(false, Ordering::Release);
+            shared.mode.send_replace(StoreMode::Redis);
+            tracing::info!("quota store: redis answers again, back to shared buckets");
+            return;
+        }
+    }
+}
+
+/// Deduplicates by key, keeping the first of each.
+fn unique(buckets: &[Arc<BucketSpec>]) -> SmallVec<[Arc<BucketSpec>; 6]> {
+    let mut out: SmallVec<[Arc<BucketSpec>; 6]> = SmallVec::new();
+    for b in buckets {
+        if !out.iter().any(|o| o.key == b.key) {
+            out.push(Arc::clone(b));
+        }
+    }
+    out
+}
+
+fn micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+impl QuotaStore {
+    /// A store for one router: a core ledger behind a mutex.
+    pub fn in_process() -> QuotaStore {
+        QuotaStore::from_backend(
+            Backend::InProcess(Mutex::new(LocalBook::new(1))),
+            StoreMode::InProcess,
+        )
+    }
+
+    fn from_backend(backend: Backend, mode: StoreMode) -> QuotaStore {
+        QuotaStore {
+            shared: Arc::new(Shared {
+                backend,
+                in_flight: AtomicUsize::new(0),
+                mode: watch::Sender::new(mode),
+                signals: LocalSignals::new(),
+                tasks: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// A store shared through Redis by several replicas. Connects, subscribes to the signal
+    /// channel (so [`QuotaStore::subscribe`] sees signals published after this returns) and
+    /// loads the current signals.
+    ///
+    /// Errors: [`StoreError::Url`] for a bad URL, [`StoreError::Connect`] or
+    /// [`StoreError::Timeout`] when Redis cannot be reached within `connect_timeout`.
+    pub async fn redis(opts: RedisOptions) -> Result<QuotaStore, StoreError> {
+        let client = redis::Client::open(opts.url.as_str()).map_err(StoreError::Url)?;
+        let cfg = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.connect_timeout))
+            .set_response_timeout(Some(opts.connect_timeout))
+            .set_number_of_retries(1);
+        let conn = match tokio::time::timeout(
+            opts.connect_timeout,
+            client.get_connection_manager_with_config(cfg),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(StoreError::Connect(e)),
+            Err(_) => return Err(StoreError::Timeout(opts.connect_timeout)),
+        };
+        let remote = Remote::new(conn, &opts.key_prefix, opts.op_timeout);
+        let share = opts.local_share.max(1);
+        let store = QuotaStore::from_backend(
+            Backend::Redis(RedisBackend {
+                remote,
+                fallback: Mutex::new(LocalBook::new(u64::from(share))),
+                share,
+                probe_interval: opts.probe_interval,
+                probing: AtomicBool::new(false),
+            }),
+            StoreMode::Redis,
+        );
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(signals::listen(
+            Arc::downgrade(&store.shared),
+            client,
+            opts.probe_interval,
+            ready_tx,
+        ));
+        lock(&store.shared.tasks).push(task.abort_handle());
+        match tokio::time::timeout(opts.connect_timeout, ready_rx).await {
+            Ok(Ok(Ok(()))) => Ok(store),
+            Ok(Ok(Err(e))) => Err(StoreError::Connect(e)),
+            Ok(Err(_)) | Err(_) => Err(StoreError::Timeout(opts.connect_timeout)),
+        }
+    }
+
+    /// Reserves `demand` on every bucket in `buckets` or on none (all-or-nothing). A bucket
+    /// seen for the first time, or with a changed spec, is registered (a same-kind change
+    /// keeps what was consumed); a key listed twice is charged once; an invalid spec is
+    /// logged and left out. `ttl` is the reservation's expiry: past it an unsettled
+    /// reservation keeps its estimate and frees its concurrency slots by itself.
+    ///
+    /// Errors: the [`Refusal`] of the binding bucket, with nothing debited. Its `bucket` is the
+    /// binding bucket's position in `buckets` ([`BucketId::index`]). With Redis failing, the
+    /// local fallback answers instead (see the module docs for the bound).
+    pub async fn reserve(
+        &self,
+        buckets: &[Arc<BucketSpec>],
+        demand: Demand,
+        ttl: Duration,
+    ) -> Result<Ticket, Box<Refusal>> {
+        let specs = unique(buckets);
+        let issued = match &self.shared.backend {
+            Backend::InProcess(book) => Issued::Local(lock(book).reserve(&specs, demand, ttl)?),
+            Backend::Redis(r) => self.reserve_redis(r, &specs, demand, ttl).await?,
+        };
+        let charges = specs
+            .into_iter()
+            .map(|s| {
+                let a = s.demand_amount(&demand);
+                (s, a)
+            })
+            .collect();
+        self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        Ok(Ticket {
+            live: Some(Live {
+                shared: Arc::clone(&self.shared),
+                issued,
+                charges,
+                demand,
+            }),
+        })
+    }
+
+    async fn reserve_redis(
+        &self,
+        r: &RedisBackend,
+        specs: &[Arc<BucketSpec>],
+        demand: Demand,
+        ttl: Duration,
+    ) -> Result<Issued, Box<Refusal>> {
+        if *self.shared.mode.borrow() == StoreMode::Redis {
+            let valid: SmallVec<[Arc<BucketSpec>; 6]> = specs
+                .iter()
+                .filter(|s| match s.validate() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(bucket = %s.key, error = %e, "invalid quota bucket left out of reservations");
+                        false
+                    }
+                })
+                .cloned()
+                .collect();
+            let asks: SmallVec<[Ask<'_>; 6]> = valid
+                .iter()
+                .map(|s| Ask {
+                    spec: s,
+                    amount: Some(s.demand_amount(&demand)),
+                })
+                .collect();
+            let id = r.remote.next_id();
+            match r.remote.reserve(&id, &asks, ttl, wall_now()).await {
+                Ok(None) => return Ok(Issued::Redis(id)),
+                Ok(Some(refused)) => {
+                    let spec = valid.get(refused.index).or(valid.first());
+                    let pos = spec
+                        .and_then(|s| specs.iter().position(|o| o.key == s.key))
+                        .unwrap_or(0);
+                    let wait = match refused.wait_kind {
+                        2 => Wait::Never,
+                        1 => Wait::After(micros(refused.wait_us)),
+                        _ => Wait::OnRelease,
+                    };
+                    return Err(Box::new(match spec {
+                        Some(s) => Refusal {
+                            bucket: BucketId::from_index(u32::try_from(pos).unwrap_or(u32::MAX)),
+                            key: s.key.clone(),
+                            scope: s.scope.clone(),
+                            dimension: s.dimension,
+                            reason: s.reason_code(),
+                            wait,
+                            demanded: s.demand_amount(&demand),
+                            figures: RateFigures {
+                                limit: u64::try_from(refused.limit).unwrap_or(0),
+                                remaining: u64::try_from(refused.remaining).unwrap_or(0),
+                                reset_after: micros(refused.reset_us),
+                            },
+                        },
+                        None => {
+                            return Err(Box::new(Refusal {
+                                bucket: BucketId::from_index(0),
+                                key: String::new(),
+                                scope: switchyard_core::quota::Scope::Tenant(String::new()),
+                                dimension: switchyard_core::quota::Dimension::Requests,
+                                reason: "quota_store_error".into(),
+                                wait,
+                                demanded: 0,
+                                figures: RateFigures {
+                                    limit: 0,
+                                    remaining: 0,
+                                    reset_after: Duration::ZERO,
+                                },
+                            }));
+                        }
+                    }));
+                }
+                Err(e) => enter_fallback(&self.shared, r, "reserve", &e),
+            }
+        }
+        Ok(Issued::Fallback(
+            lock(&r.fallback).reserve(specs, demand, ttl)?,
+        ))
+    }
+
+    /// Settles with the provider's reported usage: each bucket is credited the unused estimate
+    /// or charged the overrun (requests stay charged), concurrency is freed.
+    pub async fn reconcile(&self, ticket: Ticket, usage: Usage) {
+        settle_ticket(ticket, Settle::Actual(usage)).await;
+    }
+
+    /// Settles an aborted request (client disconnect, upstream error, deadline): `Some(usage)`
+    /// charges what was really used (field case 17); `None` keeps the estimate (never a zero
+    /// record, field case 15). Concurrency is freed either way.
+    pub async fn release(&self, ticket: Ticket, usage: Option<Usage>) {
+        let how = usage.map_or(Settle::KeepEstimate, Settle::Actual);
+        settle_ticket(ticket, how).await;
+    }
+
+    /// Settles a request that never left the router: everything is credited back, requests
+    /// included, and concurrency is freed.
+    pub async fn cancel(&self, ticket: Ticket) {
+        settle_ticket(ticket, Settle::Nothing).await;
+    }
+
+    /// Header figures of a bucket now (`x-ratelimit-limit/remaining/reset`); `None` for an
+    /// invalid spec. With Redis failing, the local share's figures.
+    pub async fn figures(&self, bucket: &BucketSpec) -> Option<RateFigures> {
+        let spec = Arc::new(bucket.clone());
+        match &self.shared.backend {
+            Backend::InProcess(book) => lock(book).figures(&spec),
+            Backend::Redis(r) => {
+                if spec.validate().is_err() {
+                    return None;
+                }
+                if *self.shared.mode.borrow() == StoreMode::Redis {
+                    match r.remote.figures(&spec, None, wall_now()).await {
+                        Ok((limit, remaining, reset, _)) => {
+                            return Some(RateFigures {
+                                limit: u64::try_from(limit).unwrap_or(0),
+                                remaining: u64::try_from(remaining).unwrap_or(0),
+                                reset_after: micros(reset),
+                            });
+                        }
+                        Err(e) => enter_fallback(&self.shared, r, "figures", &e),
+                    }
+                }
+                lock(&r.fallback).figures(&spec)
+            }
+        }
+    }
+
+    /// Lowers a provider bucket to what the provider's rate-limit headers report (`remaining`
+    /// units, full again or window reset after `reset_after`); never raises it (core
+    /// [`Ledger::correct_from_headers`](switchyard_core::quota::Ledger::correct_from_headers)).
+    /// Returns whether anything changed. In fallback the local share is corrected with
+    /// `⌈remaining / share⌉`.
+    pub async fn correct_from_headers(
+        &self,
+        bucket: &BucketSpec,
+        remaining: u64,
+        reset_after: Duration,
+    ) -> bool {
+        let spec = Arc::new(bucket.clone());
+        match &self.shared.backend {
+            Backend::InProcess(book) => lock(book).correct(&spec, remaining, reset_after),
+            Backend::Redis(r) => {
+                if spec.validate().is_err() {
+                    return false;
+                }
+                if *self.shared.mode.borrow() == StoreMode::Redis {
+                    match r
+                        .remote
+                        .figures(&spec, Some((remaining, reset_after)), wall_now())
+                        .await
+                    {
+                        Ok((_, _, _, changed)) => return changed,
+                        Err(e) => enter_fallback(&self.shared, r, "correct", &e),
+                    }
+                }
+                lock(&r.fallback).correct(&spec, remaining, reset_after)
+            }
+        }
+    }
+
+    /// Where reservations are served from now.
+    pub fn mode(&self) -> StoreMode {
+        *self.shared.mode.borrow()
+    }
+
+    /// A receiver that sees every mode change (for a gauge and for tests).
+    pub fn watch_mode(&self) -> watch::Receiver<StoreMode> {
+        self.shared.mode.subscribe()
+    }
+
+    /// Reservations issued by this instance and not yet settled or dropped (a dropped Redis
+    /// ticket counts until its spawned release has finished).
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Live reservations in the local ledger (in process, or the fallback ledger), after
+    /// expiring the due ones. For tests and a gauge.
+    pub fn local_live(&self) -> usize {
+        match &self.shared.backend {
+            Backend::InProcess(book) => lock(book).live(),
+            Backend::Redis(r) => lock(&r.fallback).live(),
+        }
+    }
+}
+
+async fn settle_ticket(mut ticket: Ticket, how: Settle) {
+    if let Some(live) = ticket.live.take() {
+        settle_live(live, how).await;
+    }
+}
