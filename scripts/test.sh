@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's one test command: formatting, lints, build, every test (unit, property,
-# doctests, simulator, end-to-end with the official SDKs).
+# doctests, simulator, end-to-end with the official SDKs), and the Helm chart checks.
 #
 #   scripts/test.sh
 #
@@ -19,6 +19,12 @@ step() {
 
 step "python venv with the official SDKs"
 bash scripts/setup-venv.sh
+
+# Renders and lints charts/switchyard with Helm's Go SDK (helm-python-sdk) for the default and
+# HA values, validates every object with kubernetes-validate --strict (Kubernetes 1.33) and
+# checks RBAC, container hardening and the CRD copies. Needs no cluster and no helm binary.
+step "helm chart: lint, render, kubernetes-validate --strict (tests/helm/check_chart.py)"
+.venv/bin/python tests/helm/check_chart.py
 
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check

@@ -1,4 +1,5 @@
-//! The committed CRDs are the generated ones, and they are structural schemas.
+//! The committed CRDs (`crds/` and the Helm chart's copy) are the generated ones, and they are
+//! structural schemas.
 
 use std::path::Path;
 
@@ -18,6 +19,64 @@ fn crds_committed_match_generated() {
             "{} is stale or missing; regenerate it with `{REGENERATE}` and commit the result",
             path.display()
         );
+    }
+}
+
+/// The chart ships the CRDs as templates (so `helm upgrade` updates them); see
+/// `crates/switchyard/src/crdgen.rs`.
+const CHART_CRDS: &str = "../../charts/switchyard/templates/crds";
+const CHART_GUARD: &str = "{{- if .Values.crds.install }}";
+const CHART_END: &str = "{{- end }}";
+/// What crdgen adds to the chart's copy and nothing else: the keep annotation and two labels.
+const CHART_ANNOTATION: (&str, &str) = ("helm.sh/resource-policy", "keep");
+const CHART_LABELS: [&str; 2] = ["app.kubernetes.io/name", "app.kubernetes.io/part-of"];
+
+/// Removes `key` from the map at `metadata.<field>`, and the map itself once empty.
+fn take_meta(doc: &mut Value, field: &str, key: &str) -> Option<Value> {
+    let meta = doc.get_mut("metadata")?.as_object_mut()?;
+    let map = meta.get_mut(field)?.as_object_mut()?;
+    let taken = map.remove(key);
+    if map.is_empty() {
+        meta.remove(field);
+    }
+    taken
+}
+
+#[test]
+fn crds_chart_copy_matches_generated() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CHART_CRDS);
+    for (file, crd) in switchyard_api::crd::all() {
+        let path = dir.join(file);
+        let stale = format!(
+            "{} is stale or missing; regenerate it with `{REGENERATE}` and commit the result",
+            path.display()
+        );
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        // Between the guard and the last `{{- end }}` the template is plain YAML.
+        let body = text
+            .split_once(CHART_GUARD)
+            .and_then(|(_, rest)| rest.rsplit_once(CHART_END))
+            .map(|(body, _)| body);
+        let Some(body) = body else {
+            panic!("{stale} (no `{CHART_GUARD}` ... `{CHART_END}` around the CRD)");
+        };
+        assert!(
+            !body.contains("{{"),
+            "{stale} (template syntax inside the CRD)"
+        );
+        let mut shipped: Value = serde_yaml::from_str(body).expect("chart CRD is YAML");
+        assert_eq!(
+            take_meta(&mut shipped, "annotations", CHART_ANNOTATION.0),
+            Some(Value::from(CHART_ANNOTATION.1)),
+            "{stale} (the chart's CRD must carry {}: {}, so `helm uninstall` keeps it)",
+            CHART_ANNOTATION.0,
+            CHART_ANNOTATION.1
+        );
+        for label in CHART_LABELS {
+            take_meta(&mut shipped, "labels", label);
+        }
+        let generated = serde_json::to_value(&crd).expect("json");
+        assert!(shipped == generated, "{stale}");
     }
 }
 
