@@ -220,7 +220,7 @@ OPERATOR_WATCHED_RULES = {
 }
 OPERATOR_LOCAL_RULES = {
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
-    ("coordination.k8s.io", "leases"): {"create", "get", "update", "patch"},
+    ("coordination.k8s.io", "leases"): {"create", "get", "patch"},
 }
 ROUTER_RULES = {
     ("switchyard.dev", "llmproviders"): {"get", "list", "watch"},
@@ -239,7 +239,7 @@ def grants(role) -> dict[tuple[str, str], set[str]]:
     return out
 
 
-def least_privilege(docs, cluster_scoped: bool, read_secrets: bool = True):
+def least_privilege(docs, cluster_scoped: bool):
     def run():
         roles = objects(docs, "Role") + objects(docs, "ClusterRole")
         for role in roles:
@@ -254,17 +254,14 @@ def least_privilege(docs, cluster_scoped: bool, read_secrets: bool = True):
         by_name = {r["metadata"]["name"]: r for r in roles}
         op = by_name[f"{RELEASE}-operator"]
         assert op["kind"] == kind, f"operator role kind {op['kind']}"
-        wanted = dict(OPERATOR_WATCHED_RULES)
-        if not read_secrets:
-            del wanted[("", "secrets")]
-        assert grants(op) == wanted, f"operator rules {grants(op)}"
+        assert grants(op) == OPERATOR_WATCHED_RULES, f"operator rules {grants(op)}"
         local = by_name[f"{RELEASE}-operator-local"]
         assert local["kind"] == "Role" and local["metadata"]["namespace"] == NAMESPACE
         assert grants(local) == OPERATOR_LOCAL_RULES, f"operator local rules {grants(local)}"
         # The Lease may be read and written by name only; create cannot be narrowed by name.
         lease_name = f"{RELEASE}-operator"
         for rule in local["rules"]:
-            if "leases" in rule["resources"] and set(rule["verbs"]) & {"get", "update", "patch"}:
+            if "leases" in rule["resources"] and set(rule["verbs"]) - {"create"}:
                 assert rule.get("resourceNames") == [lease_name], f"lease rule {rule}"
         router = by_name[f"{RELEASE}-router"]
         assert router["kind"] == kind, f"router role kind {router['kind']}"
@@ -347,7 +344,6 @@ def main() -> int:
         "other-namespace-no-crds": {
             "watch": {"namespace": "llm"},
             "crds": {"install": False},
-            "operator": {"rbac": {"readSecrets": False}},
         },
     }
     rendered: dict[str, list[dict[str, Any]]] = {}
@@ -366,11 +362,7 @@ def main() -> int:
         check(f"{name}: containers hardened, probed, resourced", hardened(docs))
         check(
             f"{name}: RBAC least privilege",
-            least_privilege(
-                docs,
-                cluster_scoped=bool(values and values.get("watch", {}).get("allNamespaces")),
-                read_secrets=not (values and values.get("operator", {}).get("rbac", {}).get("readSecrets") is False),
-            ),
+            least_privilege(docs, cluster_scoped=bool(values and values.get("watch", {}).get("allNamespaces"))),
         )
         check(f"{name}: names wired between objects and arguments", wiring(docs))
         installs_crds = not (values and values.get("crds", {}).get("install") is False)
