@@ -18,7 +18,7 @@
 //! usage keeps its estimate, and concurrency is freed on every exit. Differences from core:
 //! Redis measures time in microseconds (core: nanoseconds), so a wait can be up to 1 µs longer;
 //! a token bucket whose `capacity × period_µs` exceeds 2^53 refills in coarser ticks (the
-//! smallest power of ten of microseconds that keeps Lua's doubles exact, e.g. 1 s for
+//! smallest power of ten of microseconds that keeps Lua's doubles exact, e.g. 0.1 s for
 //! 10^10 units a day); amounts above 2^53 lose precision; reservation expiry (TTL) has
 //! millisecond resolution; window boundaries follow the caller's wall clock, so replicas
 //! must agree on the time within a window (a lagging replica never reopens a closed window).

@@ -328,6 +328,6 @@ mod tests {
         let (per, tick) = token_ticks(10_000_000_000, Duration::from_secs(86_400));
         assert_eq!(per * tick, 86_400_000_000);
         assert!(u128::from(per) * 10_000_000_000 < TWO_POW_53);
-        assert_eq!(tick, 1_000_000);
+        assert_eq!(tick, 100_000, "0.1 s: 10^10 × 864,000 < 2^53");
     }
 }

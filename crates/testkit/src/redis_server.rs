@@ -92,8 +92,46 @@ impl RedisServer {
     /// Kills the server (an outage). Its data is lost: nothing is persisted. Idempotent.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A frozen server must run again to die promptly.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .status();
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Freezes the server (`SIGSTOP`): connections stay open but nothing answers, the way a
+    /// hung or partitioned server looks to a client with a timeout. Undo with
+    /// [`RedisServer::resume`]. Errors: the `kill` command failed or the server is stopped.
+    pub fn freeze(&self) -> Result<(), RedisServerError> {
+        self.signal("-STOP")
+    }
+
+    /// Lets a frozen server run again (`SIGCONT`).
+    pub fn resume(&self) -> Result<(), RedisServerError> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, sig: &str) -> Result<(), RedisServerError> {
+        let Some(child) = &self.child else {
+            return Err(RedisServerError::NotReady {
+                port: self.port,
+                reason: "server is stopped".into(),
+            });
+        };
+        // std offers no signal but SIGKILL, and the workspace forbids unsafe FFI.
+        let status = Command::new("kill")
+            .arg(sig)
+            .arg(child.id().to_string())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(RedisServerError::Io(std::io::Error::other(format!(
+                "kill {sig} exited with {status}"
+            ))))
         }
     }
 
@@ -218,6 +256,10 @@ mod tests {
         assert!(ping(port).is_err());
         server.restart().unwrap();
         assert_eq!(server.port(), port);
+        ping(port).unwrap();
+        server.freeze().unwrap();
+        assert!(ping(port).is_err(), "a frozen server does not answer");
+        server.resume().unwrap();
         ping(port).unwrap();
     }
 }
