@@ -12,6 +12,7 @@ pub mod budget;
 pub mod chain;
 pub mod classify;
 pub mod estimate;
+pub mod health;
 pub mod p2c;
 pub mod pause;
 pub mod queue;
