@@ -25,6 +25,22 @@ pub enum UsageStyle {
     Gemini,
 }
 
+/// A kind of traffic the mock serves, by endpoint (for `modalities` and fault triggers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MockModality {
+    /// `/v1/chat/completions`, `/v1/messages`, `/v1/responses`.
+    Text,
+    /// `/v1/embeddings`.
+    Embedding,
+    /// `/v1/rerank` (and its aliases).
+    Rerank,
+    /// `/v1/audio/transcriptions` (speech to text).
+    Transcription,
+    /// `/v1/audio/speech` (text to speech).
+    Speech,
+}
+
 /// Provider-side rate limits the mock advertises in its headers and, if `enforce`, applies.
 ///
 /// Windows are fixed one-minute windows starting at the mock's epoch; the reset headers give the
@@ -100,6 +116,16 @@ pub struct MockConfig {
     pub record_limit: usize,
     /// Faults active from start; replaced at runtime by `POST /admin/faults`.
     pub faults: FaultSet,
+    /// Kinds of traffic served; empty serves all. Endpoints of other kinds answer 404 in the
+    /// OpenAI dialect, as a speech-only or embeddings-only server does (field case 26).
+    pub modalities: Vec<MockModality>,
+    /// Voices `/v1/audio/speech` accepts; empty accepts any. A request without a voice is
+    /// always refused (400): the mock, like some real servers, has no default voice.
+    pub voices: Vec<String>,
+    /// Refuse (400 `invalid_request_error`, param `max_tokens`) a `max_tokens` on embeddings,
+    /// rerank and audio requests, as strict servers do with parameters their endpoint does
+    /// not take (field case 26).
+    pub reject_max_tokens: bool,
 }
 
 impl Default for MockConfig {
@@ -122,6 +148,9 @@ impl Default for MockConfig {
             rate_limits: RateLimitConfig::default(),
             record_limit: 100_000,
             faults: FaultSet::default(),
+            modalities: Vec::new(),
+            voices: Vec::new(),
+            reject_max_tokens: false,
         }
     }
 }

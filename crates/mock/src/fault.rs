@@ -25,7 +25,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::config::humantime_serde_compat;
+use crate::config::{MockModality, humantime_serde_compat};
 
 /// The fault set of one mock: switches plus ordered rules.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -207,6 +207,9 @@ pub struct Trigger {
     pub models: Vec<String>,
     /// Only streaming (`true`) or only non-streaming (`false`) requests.
     pub stream: Option<bool>,
+    /// Only requests of these kinds (by endpoint); empty = all. `[transcription, speech]`
+    /// with a `server_error` breaks the audio paths while text keeps working (field case 26).
+    pub modalities: Vec<MockModality>,
 }
 
 /// Errors a 200 stream can carry before its first content token.
@@ -406,6 +409,7 @@ pub(crate) struct RequestFacts<'a> {
     pub(crate) path: &'a str,
     pub(crate) model: &'a str,
     pub(crate) stream: bool,
+    pub(crate) modality: MockModality,
 }
 
 /// Outcome of evaluating the fault set for one request.
@@ -484,7 +488,8 @@ impl FaultState {
             let filtered = in_window
                 && (t.paths.is_empty() || t.paths.iter().any(|p| p == facts.path))
                 && (t.models.is_empty() || t.models.iter().any(|m| m == facts.model))
-                && t.stream.is_none_or(|s| s == facts.stream);
+                && t.stream.is_none_or(|s| s == facts.stream)
+                && (t.modalities.is_empty() || t.modalities.contains(&facts.modality));
             if !filtered {
                 continue;
             }
@@ -528,6 +533,7 @@ mod tests {
         path: "/v1/chat/completions",
         model: "m",
         stream: false,
+        modality: MockModality::Text,
     };
 
     fn ra(secs: u64) -> Fault {

@@ -8,6 +8,10 @@
 //! - `POST /v1/responses` — OpenAI Responses, JSON or SSE (`response.*` events).
 //! - `POST /v1/embeddings` — float or base64 vectors, deterministic per (model, input).
 //! - `POST /v1/rerank` (also `/v2/rerank`, `/rerank`) — Cohere/Jina `results[{index, relevance_score}]`.
+//! - `POST /v1/audio/transcriptions` — multipart (`file`, `model`), answers `{"text": ""}`
+//!   (the mock's audio is always silent).
+//! - `POST /v1/audio/speech` — JSON `{model, input, voice}`, answers a short silent WAV; a
+//!   missing voice, or one outside `voices`, is a 400.
 //! - `GET /v1/models`, `GET /healthz`.
 //! - Admin: `POST /admin/faults` (body = [`FaultSet`] JSON, replaces the set), `GET /admin/faults`,
 //!   `GET /admin/stats` ([`Stats`]), `GET /admin/calls` ([`CallRecord`]s), `POST /admin/reset`.
@@ -45,6 +49,9 @@
 //!     api_keys: []            # empty = any key
 //!     project_header: x-project-id
 //!     embedding_dimensions: 8
+//!     modalities: []          # served kinds (text, embedding, rerank, transcription, speech); empty = all
+//!     voices: []              # /v1/audio/speech voices; empty = any (a voice is always required)
+//!     reject_max_tokens: false  # 400 on max_tokens outside chat (strict servers)
 //!     rate_limits: { requests_per_minute: 10000, tokens_per_minute: 2000000, enforce: false }
 //!     faults:
 //!       seed: 1
@@ -58,6 +65,7 @@
 //!         - { kind: overloaded, when: { from: 0s, until: 20s, paths: [/v1/messages] } }
 //!         - { kind: latency, ms: 200, when: { probability: 0.1 } }
 //!         - { kind: cut_mid_stream, after_deltas: 20, when: { stream: true, skip: 5, next: 1 } }
+//!         - { kind: server_error, when: { modalities: [transcription, speech] } }  # audio broken
 //! ```
 //!
 //! Fault kinds ([`Fault`]): `rate_limited`, `insufficient_quota`, `usage_limit`,
@@ -71,6 +79,7 @@
 //! tokens or simulate a prompt cache) and recording real vendor traffic (not reproducible, needs
 //! credentials).
 
+mod audio;
 mod cache;
 mod cli;
 mod clock;
@@ -84,7 +93,7 @@ mod wire;
 
 pub use cli::{MockArgs, run};
 pub use clock::go_duration;
-pub use config::{ConfigFile, MockConfig, RateLimitConfig, UsageStyle};
+pub use config::{ConfigFile, MockConfig, MockModality, RateLimitConfig, UsageStyle};
 pub use fault::{ErrorRate, Fault, FaultRule, FaultSet, StreamError, Trigger, WindowOrigin};
 pub use record::{CallRecord, UsageRecord};
 pub use server::{MockError, MockHandle, MockProvider, Stats};

@@ -24,7 +24,7 @@ use tower::Service;
 
 use crate::cache::{CacheMode, PromptCache};
 use crate::clock::unix_secs;
-use crate::config::MockConfig;
+use crate::config::{MockConfig, MockModality};
 use crate::errors::{Dialect, ErrorSpec, RateSnapshot, RateWindows, set_request_id};
 use crate::fault::{Decision, Fault, FaultSet, FaultState, RequestFacts};
 use crate::record::{CallGuard, CallRecord, Recorder, UsageRecord, lock};
@@ -331,6 +331,22 @@ fn router(shared: Arc<Shared>) -> Router {
             post(|st, req| handle(st, req, Endpoint::Rerank)),
         )
         .route("/rerank", post(|st, req| handle(st, req, Endpoint::Rerank)))
+        .route(
+            "/v1/audio/transcriptions",
+            post(|st, req| handle(st, req, Endpoint::Transcription)),
+        )
+        .route(
+            "/audio/transcriptions",
+            post(|st, req| handle(st, req, Endpoint::Transcription)),
+        )
+        .route(
+            "/v1/audio/speech",
+            post(|st, req| handle(st, req, Endpoint::Speech)),
+        )
+        .route(
+            "/audio/speech",
+            post(|st, req| handle(st, req, Endpoint::Speech)),
+        )
         .route("/v1/models", get(models))
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -348,9 +364,21 @@ enum Endpoint {
     Chat(ChatApi),
     Embeddings,
     Rerank,
+    Transcription,
+    Speech,
 }
 
 impl Endpoint {
+    fn modality(self) -> MockModality {
+        match self {
+            Self::Chat(_) => MockModality::Text,
+            Self::Embeddings => MockModality::Embedding,
+            Self::Rerank => MockModality::Rerank,
+            Self::Transcription => MockModality::Transcription,
+            Self::Speech => MockModality::Speech,
+        }
+    }
+
     fn dialect(self) -> Dialect {
         match self {
             Self::Chat(ChatApi::Anthropic) => Dialect::Anthropic,
@@ -412,7 +440,16 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
     let bytes = axum::body::to_bytes(body, 64 << 20)
         .await
         .unwrap_or_default();
-    let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let parsed: Option<Value> = if endpoint == Endpoint::Transcription {
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        crate::audio::multipart_fields(content_type, &bytes)
+    } else {
+        serde_json::from_slice(&bytes).ok()
+    };
     let body = parsed.clone().unwrap_or(Value::Null);
     let model = body
         .get("model")
@@ -455,6 +492,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
         path: parts.uri.path(),
         model: &model,
         stream,
+        modality: endpoint.modality(),
     };
     let now = shared.recorder.now();
     let decision = lock(&shared.state).faults.decide(facts, now);
@@ -483,7 +521,23 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
     let before_headers = Duration::from_millis(ctx.shared.config.latency_ms) + ctx.decision.delay;
     sleep_until(t0 + before_headers).await;
 
+    let served = &ctx.shared.config.modalities;
+    if !served.is_empty() && !served.contains(&endpoint.modality()) {
+        // The shape of OpenAI's answer to a path it does not route.
+        let msg = format!(
+            "Invalid URL (POST {}): this server does not serve {:?} requests",
+            parts.uri.path(),
+            endpoint.modality()
+        );
+        return ctx.error(ErrorSpec::new(404, msg));
+    }
     if parsed.is_none() {
+        if endpoint == Endpoint::Transcription {
+            return ctx.error(ErrorSpec::new(
+                400,
+                "Expected a multipart/form-data body with a 'file' and a 'model' field.",
+            ));
+        }
         return ctx.error(ErrorSpec::new(
             400,
             "We could not parse the JSON body of your request.",
@@ -523,10 +577,20 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
         }
         _ => {}
     }
+    if ctx.shared.config.reject_max_tokens
+        && !matches!(endpoint, Endpoint::Chat(_))
+        && ctx.body.get("max_tokens").is_some()
+    {
+        let mut spec = ErrorSpec::new(400, "Unrecognized request argument supplied: max_tokens");
+        spec.param = Some("max_tokens".to_owned());
+        return ctx.error(spec);
+    }
     match endpoint {
         Endpoint::Chat(api) => chat(ctx, api).await,
         Endpoint::Embeddings => embeddings(ctx).await,
         Endpoint::Rerank => rerank(ctx).await,
+        Endpoint::Transcription => transcription(ctx).await,
+        Endpoint::Speech => speech(ctx).await,
     }
 }
 
@@ -988,6 +1052,76 @@ async fn embeddings(ctx: Ctx) -> Response {
     let body = json!({"object": "list", "data": data, "model": ctx.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}});
     finish_simple(ctx, tokens, body).await
+}
+
+/// `/v1/audio/transcriptions`: the mock's audio carries no speech, so the text is empty; the
+/// upload must still carry a non-empty `file` part.
+async fn transcription(ctx: Ctx) -> Response {
+    let file_bytes = ctx
+        .body
+        .get("file_bytes")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if file_bytes == 0 {
+        let mut spec = ErrorSpec::new(400, "'file' is a required field and must not be empty.");
+        spec.param = Some("file".to_owned());
+        return ctx.error(spec);
+    }
+    // Billed like Whisper-style APIs by audio length; a token per KiB keeps the rate windows moving.
+    let tokens = file_bytes.div_ceil(1024);
+    finish_simple(ctx, tokens, json!({"text": ""})).await
+}
+
+/// `/v1/audio/speech`: checks `input` and `voice` and answers a short silent WAV.
+async fn speech(ctx: Ctx) -> Response {
+    let input = ctx.body.get("input").and_then(Value::as_str).unwrap_or("");
+    if input.is_empty() {
+        let mut spec = ErrorSpec::new(400, "'input' is a required property and must not be empty.");
+        spec.param = Some("input".to_owned());
+        return ctx.error(spec);
+    }
+    let voices = &ctx.shared.config.voices;
+    match ctx.body.get("voice").and_then(Value::as_str) {
+        None | Some("") => {
+            let mut spec = ErrorSpec::new(400, "'voice' is a required property.");
+            spec.param = Some("voice".to_owned());
+            return ctx.error(spec);
+        }
+        Some(v) if !voices.is_empty() && !voices.iter().any(|known| known == v) => {
+            let mut spec = ErrorSpec::new(
+                400,
+                format!(
+                    "Unknown voice '{v}'; expected one of: {}.",
+                    voices.join(", ")
+                ),
+            );
+            spec.param = Some("voice".to_owned());
+            return ctx.error(spec);
+        }
+        Some(_) => {}
+    }
+    let tokens = count_tokens(input);
+    let rl = match charge_rate(&ctx, tokens) {
+        Ok(rl) => rl,
+        Err(spec) => return ctx.error(*spec),
+    };
+    let ttft_at =
+        ctx.t0 + Duration::from_millis(ctx.shared.config.ttft_ms) + ctx.decision.extra_ttft;
+    sleep_until(ttft_at).await;
+    let mut headers = HeaderMap::new();
+    rl.apply(ctx.dialect, &mut headers, None, None);
+    set_request_id(&mut headers, ctx.dialect, &ctx.request_id);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("audio/wav"));
+    ctx.guard.set_status(200);
+    ctx.guard.usage_sent(UsageRecord {
+        prompt_tokens: tokens,
+        ..UsageRecord::default()
+    });
+    ctx.guard.finish();
+    // A tenth of a second per input token, capped at 2 s.
+    let millis = (tokens * 100).min(2_000);
+    let wav = crate::audio::silent_wav(u32::try_from(millis).unwrap_or(2_000));
+    (StatusCode::OK, headers, Body::from(wav)).into_response()
 }
 
 /// Relevance: share of query words found in the document (0..1) scaled to 0.05..0.95, plus a
