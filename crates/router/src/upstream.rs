@@ -392,6 +392,57 @@ impl UpstreamClient {
     }
 }
 
+impl UpstreamClient {
+    /// Full URL of an arbitrary API path of this provider (`/audio/speech` →
+    /// `{base}/v1/audio/speech`), for requests outside [`Operation`] such as health probes.
+    pub fn url_for_path(&self, path: &str) -> String {
+        let base = self.endpoint.base_url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base);
+        format!("{base}/v1{path}")
+    }
+
+    /// Sends one non-streamed request to `path` (see [`Self::url_for_path`]) with this
+    /// provider's credentials and extra headers and the given `content_type` (JSON or a
+    /// multipart upload), bounded by `timeout` instead of the provider's total timeout. Used
+    /// by health probes (`crate::probe`), which call endpoints the dispatcher does not route.
+    /// Any HTTP status is `Ok`; only transport failures are `Err`. Exactly one request is sent.
+    ///
+    /// Errors: as [`Self::send`].
+    pub async fn send_to_path(
+        &self,
+        path: &str,
+        content_type: HeaderValue,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<UpstreamResponse, TransportError> {
+        let url = reqwest::Url::parse(&self.url_for_path(path))
+            .map_err(|e| TransportError::Config(format!("invalid provider URL: {e}")))?;
+        let mut headers = self.headers(false)?;
+        headers.insert(CONTENT_TYPE, content_type);
+        let response = self
+            .http
+            .post(url)
+            .headers(headers)
+            .timeout(timeout)
+            .body(body)
+            .send()
+            .await
+            .map_err(TransportError::from_reqwest)?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = UpstreamBody::from_stream(
+            response
+                .bytes_stream()
+                .map(|r| r.map_err(TransportError::from_reqwest)),
+        );
+        Ok(UpstreamResponse {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
