@@ -161,3 +161,82 @@ impl ControlState {
         self.last_tick = Some(now);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn policy(
+        name: &str,
+        interval: Option<&str>,
+        providers: &[&str],
+        target: Option<&str>,
+    ) -> Arc<RoutingPolicy> {
+        let mut availability = serde_json::Map::new();
+        if let Some(i) = interval {
+            availability.insert("interval".into(), i.into());
+        }
+        if let Some(t) = target {
+            availability.insert("targetErrorRate".into(), t.into());
+        }
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "switchyard.dev/v1alpha1", "kind": "RoutingPolicy",
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"model": name, "availability": availability,
+                    "providers": providers.iter().map(|p| serde_json::json!({"name": p})).collect::<Vec<_>>()},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn provider(name: &str, availability: Option<f64>) -> Arc<LLMProvider> {
+        let mut v = serde_json::json!({
+            "apiVersion": "switchyard.dev/v1alpha1", "kind": "LLMProvider",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"api": "openai", "endpoint": "https://x.example.com", "models": [{"name": "m"}]},
+        });
+        if let Some(a) = availability {
+            v["status"] = serde_json::json!({"availability": a});
+        }
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    #[test]
+    fn interval_is_shortest_policy_interval_with_default_and_floor() {
+        assert_eq!(interval([]), DEFAULT_INTERVAL);
+        let a = policy("a", Some("45s"), &[], None);
+        let b = policy("b", Some("10s"), &[], None);
+        let c = policy("c", None, &[], None);
+        assert_eq!(interval([&*a, &*b, &*c]), Duration::from_secs(10));
+        let fast = policy("d", Some("100ms"), &[], None);
+        assert_eq!(interval([&*fast]), MIN_INTERVAL);
+    }
+
+    #[test]
+    fn step_resumes_from_stored_availability_and_uses_first_policy_settings() {
+        let mut state = ControlState::new();
+        let providers = [provider("p", Some(0.25))];
+        // "a" sorts first, so its target (10 %) applies to p.
+        let policies = [
+            policy("b", None, &["p"], Some("0.5")),
+            policy("a", None, &["p"], Some("0.1")),
+        ];
+        let now = chrono::DateTime::<Utc>::UNIX_EPOCH;
+        state.step(&providers, &policies, &BTreeMap::new(), now);
+        let cfg = ControllerConfig {
+            target_error_rate: 0.1,
+            ..ControllerConfig::default()
+        };
+        let mut expected = AvailabilityController::with_availability(cfg, 0.25);
+        let report = expected.step(Default::default());
+        let figures = state.figures("ns/p").unwrap();
+        assert_eq!(figures.availability, report.availability);
+        assert_eq!(figures.window.as_ref().unwrap().score, 1.0);
+        assert_eq!(figures.computed_at, Some(now));
+        // A provider that is gone is forgotten.
+        state.step(&[], &policies, &BTreeMap::new(), now);
+        assert!(state.figures("ns/p").is_none());
+    }
+}

@@ -191,6 +191,17 @@ fn watcher(api: Api<Secret>) -> impl Stream<Item = Result<WatchEvent<Secret>, wa
     watcher::watcher(api, watcher::Config::default()).default_backoff()
 }
 
+/// Whether `store` has seen its first complete list (without waiting for it).
+async fn poll_ready<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    tokio::time::timeout(Duration::from_millis(10), store.wait_until_ready())
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
 /// The control loop: every interval, tick if leading.
 async fn control_loop(op: Arc<Operator>, fixed: Option<Duration>) {
     loop {
@@ -406,13 +417,19 @@ pub async fn run_with(
     {
         let (stores, ready) = (stores.clone(), ready.clone());
         tasks.spawn(async move {
-            let synced = stores.providers.wait_until_ready().await.is_ok()
-                && stores.policies.wait_until_ready().await.is_ok()
-                && stores.tenants.wait_until_ready().await.is_ok();
-            while synced && !secrets_ready.load(Ordering::Relaxed) {
+            // Polled on a timer rather than awaited once: a store's readiness signal wakes only
+            // its most recent waiter, and the controllers wait on the same stores.
+            loop {
+                let synced = poll_ready(&stores.providers).await
+                    && poll_ready(&stores.policies).await
+                    && poll_ready(&stores.tenants).await
+                    && secrets_ready.load(Ordering::Relaxed);
+                if synced {
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            ready.store(synced, Ordering::Relaxed);
+            ready.store(true, Ordering::Relaxed);
         });
     }
     {

@@ -32,7 +32,7 @@ use crate::metrics::{Metrics, ProviderLabel, ReplicaLabel, StateLabel};
 use crate::outcomes::{Collected, Collector, Targets, discover};
 use crate::status::{
     availability_of, degraded_flag, key_of, needs_write, policy_status, provider_status,
-    tenant_status,
+    strip_timestamps, tenant_status,
 };
 use crate::validate::{SecretIndex, Verdicts, World, validate};
 
@@ -131,6 +131,7 @@ pub struct Operator {
     collector: tokio::sync::Mutex<Collector>,
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
+    recent: Mutex<HashMap<String, (serde_json::Value, tokio::time::Instant)>>,
     /// Metrics served on `/metrics`.
     pub metrics: Metrics,
 }
@@ -145,6 +146,11 @@ impl fmt::Debug for Operator {
 
 /// Longest wait before an object whose sync keeps failing is tried again.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// How long a status this replica wrote counts as "in flight" to its own watch cache: within
+/// it, a sync that computes the same status again does not write it again (the cache had not
+/// seen the first write yet). Past it, a stored status that differs is overwritten, whoever
+/// changed it.
+pub const RECENT_WRITE: Duration = Duration::from_secs(10);
 /// First wait after a failed sync; doubled per consecutive failure.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -168,6 +174,7 @@ impl Operator {
             collector: tokio::sync::Mutex::new(Collector::new()),
             recorder,
             failures: Mutex::new(HashMap::new()),
+            recent: Mutex::new(HashMap::new()),
             metrics: Metrics::new(),
         }
     }
@@ -191,6 +198,7 @@ impl Operator {
     /// the stored status and starts scraping from baselines).
     pub async fn step_down(&self) {
         lock(&self.control).clear();
+        lock(&self.recent).clear();
         self.settings_collector_clear().await;
     }
 
@@ -336,7 +344,13 @@ impl Operator {
     {
         let kind = K::kind(&()).into_owned();
         let (ns, name) = names(obj);
-        let synced = if !needs_write(current, wanted) {
+        let object = format!("{kind} {ns}/{name}");
+        let mut stripped = serde_json::to_value(wanted).unwrap_or_default();
+        strip_timestamps(&mut stripped);
+        let just_written = lock(&self.recent)
+            .get(&object)
+            .is_some_and(|(v, at)| *v == stripped && at.elapsed() < RECENT_WRITE);
+        let synced = if !needs_write(current, wanted) || just_written {
             Synced::Unchanged
         } else if !self.settings.leadership.is_leader() {
             Synced::NotLeader
@@ -353,12 +367,10 @@ impl Operator {
                 .await
             {
                 self.metrics.sync(&kind, "write_failed");
-                return Err(Error::WriteStatus {
-                    object: format!("{kind} {ns}/{name}"),
-                    source,
-                });
+                return Err(Error::WriteStatus { object, source });
             }
             tracing::debug!(kind = %kind, namespace = %ns, name = %name, "status written");
+            lock(&self.recent).insert(object, (stripped, tokio::time::Instant::now()));
             Synced::Written
         };
         self.metrics.sync(&kind, synced.label());

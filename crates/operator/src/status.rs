@@ -317,7 +317,8 @@ pub fn tenant_status(
 /// Keys whose values are timestamps; [`needs_write`] ignores them.
 const TIMESTAMP_KEYS: [&str; 3] = ["lastTransitionTime", "lastUpdateTime", "lastProbeTime"];
 
-fn strip_timestamps(value: &mut serde_json::Value) {
+/// Removes every timestamp key, recursively (what [`needs_write`] compares without).
+pub fn strip_timestamps(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(map) => {
             for key in TIMESTAMP_KEYS {
@@ -360,4 +361,115 @@ pub fn key_of<K: kube::Resource>(o: &K) -> String {
         o.namespace().unwrap_or_else(|| "default".to_owned()),
         o.name_any()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap() + chrono::Duration::seconds(s)
+    }
+
+    fn policy(providers: &[&str]) -> RoutingPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "switchyard.dev/v1alpha1", "kind": "RoutingPolicy",
+            "metadata": {"name": "r", "namespace": "ns", "generation": 4},
+            "spec": {"model": "m", "providers": providers.iter().map(|p| serde_json::json!({"name": p})).collect::<Vec<_>>()},
+        }))
+        .unwrap()
+    }
+
+    fn entry(name: &str, eligible: bool) -> Eligibility {
+        Eligibility {
+            name: name.into(),
+            key: format!("ns/{name}"),
+            eligible,
+            reason: (!eligible).then(|| "does not serve model \"m\"".to_owned()),
+        }
+    }
+
+    #[test]
+    fn condition_same_status_keeps_transition_time_and_flip_moves_it() {
+        let first = condition(
+            &[],
+            "Ready",
+            true,
+            "Reconciled",
+            "ok".into(),
+            Some(1),
+            at(0),
+        );
+        let again = condition(
+            std::slice::from_ref(&first),
+            "Ready",
+            true,
+            "Reconciled",
+            "still ok".into(),
+            Some(2),
+            at(60),
+        );
+        assert_eq!(again.last_transition_time, time(at(0)));
+        assert_eq!(again.observed_generation, Some(2));
+        let flipped = condition(
+            &[again],
+            "Ready",
+            false,
+            "InvalidSpec",
+            "x".into(),
+            Some(2),
+            at(90),
+        );
+        assert_eq!(flipped.last_transition_time, time(at(90)));
+    }
+
+    #[test]
+    fn needs_write_ignores_timestamps_but_not_figures() {
+        let p = policy(&["a"]);
+        let entries = [entry("a", true)];
+        let one = policy_status(&p, &[], &entries, |_| 0.8, Some(at(0)), at(0));
+        let later = policy_status(&p, &[], &entries, |_| 0.8, Some(at(30)), at(30));
+        assert!(!needs_write(Some(&one), &later));
+        let moved = policy_status(&p, &[], &entries, |_| 0.7, Some(at(30)), at(30));
+        assert!(needs_write(Some(&one), &moved));
+        assert!(needs_write(None, &one));
+    }
+
+    #[test]
+    fn policy_status_ineligible_provider_gets_zero_weight_and_rest_sums_to_one() {
+        let p = policy(&["a", "b", "c"]);
+        let entries = [entry("a", true), entry("b", false), entry("c", true)];
+        let s = policy_status(
+            &p,
+            &[],
+            &entries,
+            |k| if k == "ns/a" { 0.6 } else { 1.0 },
+            None,
+            at(0),
+        );
+        let weights: Vec<f64> = s.providers.iter().map(|p| p.weight).collect();
+        assert_eq!(weights, [0.6, 0.0, 0.4]);
+        assert_eq!(s.providers[1].availability, 1.0);
+        assert_eq!(s.observed_generation, Some(4));
+        assert_eq!(s.conditions[0].message, "2 of 3 providers eligible");
+    }
+
+    #[test]
+    fn policy_status_no_eligible_provider_is_not_ready() {
+        let p = policy(&["a"]);
+        let s = policy_status(&p, &[], &[entry("a", false)], |_| 1.0, None, at(0));
+        assert_eq!(s.conditions[0].status, "False");
+        assert_eq!(s.conditions[0].reason, reason::INVALID_SPEC);
+        assert!(s.conditions[0].message.contains("no eligible provider"));
+        assert_eq!(s.providers[0].weight, 0.0);
+        // Its best eligible availability is 0: degraded.
+        assert_eq!(s.conditions[1].status, "True");
+    }
+
+    #[test]
+    fn round_keeps_four_decimals_and_zeroes_nan() {
+        assert_eq!(round(0.123_456), 0.1235);
+        assert_eq!(round(f64::NAN), 0.0);
+    }
 }

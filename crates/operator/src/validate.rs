@@ -382,3 +382,70 @@ fn within_regions(p: &LLMProvider, allowed: &[String]) -> bool {
     let regions = execution_regions(p);
     allowed.is_empty() || (!regions.is_empty() && regions.iter().all(|r| allowed.contains(r)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider(value: serde_json::Value) -> Arc<LLMProvider> {
+        Arc::new(serde_json::from_value(value).unwrap())
+    }
+
+    #[test]
+    fn validate_schema_invalid_stored_object_is_invalid_spec() {
+        // Stored under an older CRD: the endpoint pattern is not met.
+        let bad = provider(serde_json::json!({
+            "apiVersion": "switchyard.dev/v1alpha1", "kind": "LLMProvider",
+            "metadata": {"name": "bad", "namespace": "ns", "generation": 2, "uid": "u",
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"api": "openai", "endpoint": "not a url", "models": [{"name": "m"}]},
+            "status": {"availability": 0.5},
+        }));
+        let good = provider(serde_json::json!({
+            "apiVersion": "switchyard.dev/v1alpha1", "kind": "LLMProvider",
+            "metadata": {"name": "good", "namespace": "ns", "uid": "v"},
+            "spec": {"api": "openai", "endpoint": "https://ok.example.com", "models": [{"name": "m"}]},
+            "status": {"availability": 0.5},
+        }));
+        let world = World {
+            providers: vec![bad, good],
+            ..World::default()
+        };
+        let verdicts = validate(&world, &ObjectValidator::new());
+        let problems = verdicts.problems("LLMProvider", "ns", "bad");
+        assert!(!problems.is_empty());
+        assert!(problems.iter().all(|p| p.reason == reason::INVALID_SPEC));
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.field.as_deref() == Some("spec.endpoint")),
+            "{problems:?}"
+        );
+        assert!(verdicts.problems("LLMProvider", "ns", "good").is_empty());
+    }
+
+    #[test]
+    fn secret_index_resolve_names_missing_secret_or_key() {
+        let mut index = SecretIndex::default();
+        assert!(index.insert("ns", "s", ["k".to_owned()]));
+        assert!(
+            !index.insert("ns", "s", ["k".to_owned()]),
+            "same keys: no change"
+        );
+        let r = |name: &str, key: &str| SecretKeyRef {
+            name: name.into(),
+            key: key.into(),
+        };
+        assert_eq!(index.resolve("ns", &r("s", "k")), Ok(()));
+        assert_eq!(
+            index.resolve("ns", &r("s", "x")).unwrap_err(),
+            "Secret \"s\" in namespace \"ns\" has no key \"x\""
+        );
+        assert_eq!(
+            index.resolve("other", &r("s", "k")).unwrap_err(),
+            "Secret \"s\" not found in namespace \"other\""
+        );
+        assert!(index.remove("ns", "s"));
+        assert!(index.is_empty());
+    }
+}

@@ -1,0 +1,216 @@
+//! The running operator (kube-runtime controllers, watches, triggers) against the fake API
+//! server: field case 29 (one broken reference blocks nobody and says why), leadership gained
+//! at run time, and the health/metrics listener.
+
+// Test code: failing loudly is the point.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+use switchyard_operator::operator::system_clock;
+use switchyard_operator::{Leadership, Options, Settings, Targets};
+use tokio::sync::watch;
+
+const MODELS: [&str; 5] = ["m1", "m2", "m3", "m4", "m5"];
+
+fn provider_all_models(name: &str, secret: &str) -> Value {
+    let mut p = provider(name, "m1", Some(secret));
+    p["spec"]["models"] = json!(
+        MODELS
+            .iter()
+            .map(|m| json!({"name": m}))
+            .collect::<Vec<_>>()
+    );
+    p
+}
+
+fn policy_path(name: &str) -> String {
+    format!("/apis/switchyard.dev/v1alpha1/namespaces/{NS}/routingpolicies/{name}")
+}
+
+struct Running {
+    health: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.abort();
+    }
+}
+
+async fn start(fake: &FakeApi, leadership: Leadership) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = listener.local_addr().unwrap();
+    let options = Options {
+        namespace: Some(NS.into()),
+        targets: Targets::Static(vec![]),
+        lease: None,
+        identity: "operator-test".into(),
+        listen: health,
+        // No control ticks during these tests: only the controllers write.
+        interval: Some(Duration::from_secs(3600)),
+    };
+    let settings = Settings {
+        targets: options.targets.clone(),
+        leadership,
+        identity: options.identity.clone(),
+        clock: system_clock(),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let client = fake.client();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop_rx.await;
+        };
+        switchyard_operator::run_with(client, options, settings, listener, shutdown)
+            .await
+            .unwrap();
+    });
+    Running {
+        health,
+        stop: Some(stop_tx),
+        task,
+    }
+}
+
+fn ready_at(obj: &Value, generation: i64) -> bool {
+    condition(obj, "Ready")
+        .is_some_and(|c| c["status"] == "True" && c["observedGeneration"] == generation)
+        && obj["status"]["observedGeneration"] == generation
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case29_one_missing_secret_marks_only_its_policy_and_later_edits_still_apply() {
+    let fake = FakeApi::start().await;
+    for i in 1..=5 {
+        fake.put(secret(&format!("creds-{i}"), &["api-key"]));
+        fake.put(provider_all_models(&format!("p{i}"), &format!("creds-{i}")));
+        fake.put(policy(&format!("r{i}"), MODELS[i - 1], &[&format!("p{i}")]));
+    }
+    // A provider whose Secret does not exist; nothing uses it yet.
+    fake.put(provider_all_models("p-x", "missing-creds"));
+    let _op = start(&fake, Leadership::fixed(true)).await;
+
+    for i in 1..=5 {
+        fake.wait_for(
+            &policy_path(&format!("r{i}")),
+            Duration::from_secs(10),
+            |o| ready_at(o, 1),
+        )
+        .await;
+    }
+
+    // r1 now references the provider with the missing Secret.
+    fake.put(policy("r1", "m1", &["p-x"]));
+    let r1 = fake
+        .wait_for(&policy_path("r1"), Duration::from_secs(5), |o| {
+            o["status"]["observedGeneration"] == 2
+        })
+        .await;
+    let ready = condition(&r1, "Ready").unwrap();
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "SecretNotFound");
+    assert_eq!(ready["observedGeneration"], 2);
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("Secret \"missing-creds\" not found"),
+        "{message}"
+    );
+    assert!(message.contains("LLMProvider \"p-x\""), "{message}");
+    assert_eq!(r1["status"]["providers"][0]["eligible"], false);
+
+    // Then r3's priority order changes; it is processed although r1 stays broken.
+    fake.put(policy("r3", "m3", &["p4", "p3"]));
+    let r3 = fake
+        .wait_for(&policy_path("r3"), Duration::from_secs(10), |o| {
+            ready_at(o, 2)
+        })
+        .await;
+    let names: Vec<&str> = r3["status"]["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["p4", "p3"]);
+    assert_eq!(r3["status"]["providers"][0]["weight"], json!(1.0));
+
+    for name in ["r2", "r4", "r5"] {
+        let obj = fake.get(&policy_path(name)).unwrap();
+        assert!(ready_at(&obj, 1), "{name}: {}", obj["status"]);
+    }
+
+    // Creating the Secret heals r1 without touching it (the Secret index triggers a resync).
+    fake.put(secret("missing-creds", &["api-key"]));
+    fake.wait_for(&policy_path("r1"), Duration::from_secs(10), |o| {
+        ready_at(o, 2)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_writes_nothing_until_it_becomes_leader() {
+    let _ = tracing_subscriber::fmt().with_env_filter("warn").try_init();
+    let fake = FakeApi::start().await;
+    fake.put(secret("creds-1", &["api-key"]));
+    fake.put(provider_all_models("p1", "creds-1"));
+    fake.put(policy("r1", "m1", &["p1"]));
+    let (tx, rx) = watch::channel(false);
+    let op = start(&fake, Leadership::from_channel(rx)).await;
+
+    // Caches sync (readyz) while writing nothing.
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = http
+            .get(format!("http://{}/readyz", op.health))
+            .send()
+            .await;
+        if r.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        fake.writes().is_empty(),
+        "a follower wrote: {:?}",
+        fake.writes()
+    );
+    let metrics = http
+        .get(format!("http://{}/metrics", op.health))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("switchyard_operator_leader 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("skipped_not_leader"), "{metrics}");
+
+    tx.send(true).unwrap();
+    fake.wait_for(&policy_path("r1"), Duration::from_secs(10), |o| {
+        ready_at(o, 1)
+    })
+    .await;
+    let healthz = http
+        .get(format!("http://{}/healthz", op.health))
+        .send()
+        .await
+        .unwrap();
+    assert!(healthz.status().is_success());
+}
