@@ -108,6 +108,29 @@ impl HealthBoard {
             .all(|m| entries.get(m).is_none_or(|s| s.tracker.admits(now, &s.cfg)))
     }
 
+    /// The candidate filter of DESIGN §4.8 with fail-open at the set level: the candidates
+    /// whose provider admits every modality in `modalities`, or all of `candidates` unchanged
+    /// when that would leave none (probes that call every provider unhealthy are more likely
+    /// wrong than every provider being down, and trying costs one failed attempt). `key` maps
+    /// a candidate to its provider key.
+    pub fn prefer_admitted<T>(
+        &self,
+        candidates: Vec<T>,
+        key: impl Fn(&T) -> &str,
+        modalities: &[Modality],
+        now: Instant,
+    ) -> Vec<T> {
+        if self.is_empty() {
+            return candidates;
+        }
+        let admitted = |c: &T| self.admits_all(key(c), modalities, now);
+        if candidates.iter().any(admitted) {
+            candidates.into_iter().filter(|c| admitted(c)).collect()
+        } else {
+            candidates
+        }
+    }
+
     /// The state of `modality` on `provider` at `now` (`Unknown` without an entry).
     pub fn state(&self, provider: &str, modality: Modality, now: Instant) -> HealthState {
         let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
@@ -297,6 +320,35 @@ mod tests {
         assert_eq!(
             b.probe_problems("ns/p"),
             vec![(Modality::Speech, "HTTP 400: Unknown voice 'v9'".to_owned())]
+        );
+    }
+
+    #[test]
+    fn board_prefer_admitted_filters_unhealthy_but_never_empties() {
+        let b = HealthBoard::new();
+        let t = Instant::ZERO;
+        let keys = ["ns/a", "ns/b", "ns/c"];
+        assert_eq!(
+            b.prefer_admitted(keys.to_vec(), |k| k, &[Modality::Transcription], t),
+            keys
+        );
+        for k in ["ns/a", "ns/c"] {
+            b.record(k, Modality::Transcription, &cfg(), &fail(), t, wall());
+            b.record(k, Modality::Transcription, &cfg(), &fail(), t, wall());
+        }
+        assert_eq!(
+            b.prefer_admitted(keys.to_vec(), |k| k, &[Modality::Transcription], t),
+            ["ns/b"]
+        );
+        // Text is not affected by broken transcription.
+        assert_eq!(
+            b.prefer_admitted(keys.to_vec(), |k| k, &[Modality::Text], t),
+            keys
+        );
+        // Every candidate unhealthy: keep them all (fail-open at the set level).
+        assert_eq!(
+            b.prefer_admitted(vec!["ns/a", "ns/c"], |k| k, &[Modality::Transcription], t),
+            ["ns/a", "ns/c"]
         );
     }
 
