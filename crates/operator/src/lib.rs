@@ -19,12 +19,14 @@
 //! - [`operator`]: the shared state and the two writers (per-object sync, control tick).
 //! - [`controllers`]: kube-runtime controllers, triggers, Secret index, health and metrics.
 //! - [`leader`]: Lease-based leader election (`kube-lease-manager`).
+//! - [`cli`]: the `switchyard operator` flags and entry point.
 //!
 //! Status convention: every kind reports validity on the summary condition `Ready` (field case
 //! 29's `Accepted` is this `Ready`), with reasons `SecretNotFound`, `DanglingReference` or
 //! `InvalidSpec` and a message naming what is missing, and `observedGeneration` at the top and
 //! on every condition.
 
+pub mod cli;
 pub mod control;
 pub mod controllers;
 pub mod error;

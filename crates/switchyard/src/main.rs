@@ -53,6 +53,9 @@ enum Command {
     },
     /// Run mock LLM providers (OpenAI and Anthropic wire formats, fault injection).
     MockProvider(switchyard_mock::MockArgs),
+    /// Run the operator: validate the resources, collect outcome counters from every router
+    /// replica, write availability and weights into status (Lease leader election).
+    Operator(switchyard_operator::cli::OperatorArgs),
     /// Run scenarios in virtual time with Switchyard's strategy and the baselines (ordered
     /// fallback, round robin, p2c); writes CSV time series, one SVG chart per run and a summary.
     Simulate {
@@ -135,6 +138,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Validate { manifests } => validate(&manifests),
         Command::Simulate { scenarios, out } => simulate(&scenarios, &out),
         Command::MockProvider(args) => runtime()?.block_on(switchyard_mock::run(args)),
+        Command::Operator(args) => runtime()?
+            .block_on(switchyard_operator::cli::main(args, shutdown_signal()))
+            .map_err(anyhow::Error::from),
         Command::Status { url, json } => runtime()?.block_on(status(&url, json)),
         Command::Standalone {
             manifests,
