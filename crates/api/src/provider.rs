@@ -31,6 +31,7 @@ use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, SecretKeyRef};
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = kube::core::Rule::new("self.models.all(m, self.models.exists_one(n, n.name == m.name))").message("model names must be unique within a provider"),
+    validation = kube::core::Rule::new("!has(self.healthCheck) || !has(self.healthCheck.probes) || self.healthCheck.probes.all(p, !has(p.model) || self.models.exists(m, m.name == p.model))").message("healthCheck.probes[].model must name one of models[]"),
 )]
 pub struct LLMProviderSpec {
     /// Wire protocol spoken by the endpoint.
@@ -115,6 +116,12 @@ pub enum Modality {
     Embedding,
     /// Relevance scores for documents.
     Rerank,
+    /// Speech to text through the transcription endpoint (`/v1/audio/transcriptions`,
+    /// multipart audio in, text out). `audio` is audio inside chat messages.
+    Transcription,
+    /// Text to speech through the speech endpoint (`/v1/audio/speech`, text and a voice in,
+    /// audio out).
+    Speech,
 }
 
 /// One model served by a provider.
@@ -130,7 +137,7 @@ pub struct ProviderModel {
     pub upstream_name: Option<String>,
     /// Modalities this model handles; `text` when absent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 5))]
+    #[schemars(length(max = 7))]
     pub modalities: Vec<Modality>,
     /// Context window in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -202,9 +209,14 @@ pub struct CircuitBreakerSpec {
     pub half_open_trials: Option<u32>,
 }
 
-/// Active health probes (DESIGN §4.8).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+/// Active health probes (DESIGN §4.8): per modality, a tiny real request in the provider's own
+/// wire format (a 1-token chat, a 1-item embedding, a short silent WAV for transcription, a
+/// short phrase in the configured voice for speech) on every interval.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("!has(self.probes) || self.probes.all(p, self.probes.exists_one(q, q.modality == p.modality))").message("at most one healthCheck.probes[] entry per modality"),
+)]
 pub struct HealthCheckSpec {
     /// Whether probes run.
     #[serde(default)]
@@ -220,6 +232,54 @@ pub struct HealthCheckSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub failure_threshold: Option<u32>,
+    /// Successful probes slower than this mark the modality Degraded (default `5s`); a
+    /// per-modality `probes[].latencyThreshold` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub latency_threshold: Option<String>,
+    /// A probe not answered within this counts as failed (default `10s`); a per-modality
+    /// `probes[].timeout` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub timeout: Option<String>,
+    /// Per-modality probe settings, at most one entry per modality; modalities without an
+    /// entry use the defaults.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["modality".into()]))]
+    pub probes: Vec<ModalityProbe>,
+}
+
+/// Probe settings of one modality.
+///
+/// A probe the provider refuses for its shape (a 4xx other than 401, 403, 408 and 429: an
+/// unknown model or voice, a parameter it does not take) is reported as a probe
+/// configuration problem in `status.health[].reason` (`ProbeRejected`) and never marks the
+/// modality Unhealthy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModalityProbe {
+    /// The modality these settings apply to.
+    pub modality: Modality,
+    /// Public name (in `models[]`) of the model probed; default: the first model that lists
+    /// this modality (or, for `text`, the first that lists none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub model: Option<String>,
+    /// Voice asked for by `speech` probes. Speech APIs differ in their voices and some have no
+    /// default, so a `speech` probe without a voice is not sent and is reported as a probe
+    /// configuration problem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub voice: Option<String>,
+    /// Successful probes slower than this mark the modality Degraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub latency_threshold: Option<String>,
+    /// A probe not answered within this counts as failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub timeout: Option<String>,
 }
 
 /// Observed state of an LLMProvider, written by the operator (or the standalone control loop).
@@ -274,6 +334,11 @@ pub struct ModalityHealth {
     /// Human-readable detail of the last failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// CamelCase reason of the state (`ProbeSucceeded`, `ProbeSlow`, `ProbeFailed`,
+    /// `ProbeRejected` for a probe the provider refused for its shape — a probe configuration
+    /// problem, not unavailability — `Stale`, `NotProbed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Verdict of active health probes for one modality.
@@ -287,4 +352,26 @@ pub enum HealthState {
     Unhealthy,
     /// No recent probe result; traffic is not filtered (fail-open).
     Unknown,
+}
+
+/// Reasons of `status.health[]` entries and of the `HealthProbesValid` condition.
+pub mod health_reason {
+    /// Provider condition: every probe sent was accepted in its shape (`True`), or some
+    /// modality's probe was refused with a 4xx that points at the probe itself (`False`,
+    /// reason [`PROBE_REJECTED`]). Unavailability never sets it to `False`.
+    pub const CONDITION_PROBES_VALID: &str = "HealthProbesValid";
+    /// The last conclusive probe succeeded within the latency threshold.
+    pub const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
+    /// The last conclusive probe succeeded above the latency threshold.
+    pub const PROBE_SLOW: &str = "ProbeSlow";
+    /// The last conclusive probe failed (transport, timeout, 5xx, 401/403/408).
+    pub const PROBE_FAILED: &str = "ProbeFailed";
+    /// The provider refused the probe's own shape (a 4xx such as an unknown parameter, model
+    /// or voice): a probe configuration problem; the state is left as the last conclusive
+    /// probe made it (`Unknown` when there was none).
+    pub const PROBE_REJECTED: &str = "ProbeRejected";
+    /// The last conclusive probe is older than three intervals; the state reads `Unknown`.
+    pub const STALE: &str = "Stale";
+    /// No probe has finished yet.
+    pub const NOT_PROBED: &str = "NotProbed";
 }
