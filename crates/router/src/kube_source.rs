@@ -49,6 +49,15 @@
 //! ineligible when every modality it serves is blocked. A verdict that goes stale is
 //! noticed by a one-second tick, which rebuilds the table without it.
 //!
+//! This is separate from [`crate::health::HealthBoard`], which holds this process's own probe
+//! results (standalone mode); in this mode the operator probes and the verdicts arrive in
+//! status, with their probe times, so freshness is judged against the wall clock here.
+//!
+//! **Secrets.** The Secret reflector watches every Secret of the namespace (the API offers no
+//! selector by a set of names), but only referenced ones are decoded into the
+//! [`InMemorySecrets`] the table is built from; values are never logged. RBAC: `list` and
+//! `watch` on the three kinds and on Secrets in the watched namespace(s); nothing is written.
+//!
 //! Alternatives rejected: rebuilding on every event without a debounce (a `kubectl apply` of
 //! a folder is dozens of events); refusing the whole configuration when one object is invalid
 //! (the standalone rule, where the folder is one unit; in a cluster objects belong to different
@@ -294,13 +303,22 @@ impl KubeRouter {
             )),
             tokio::spawn(apply_loop(shared)),
         ];
-        let listener = tokio::net::TcpListener::bind(options.listen)
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: options.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(StartError::Serve)?;
+        let bound = match tokio::net::TcpListener::bind(options.listen).await {
+            Ok(listener) => listener.local_addr().map(|addr| (listener, addr)),
+            Err(e) => Err(e),
+        };
+        let (listener, addr) = match bound {
+            Ok(bound) => bound,
+            Err(source) => {
+                for t in &tasks {
+                    t.abort();
+                }
+                return Err(StartError::Bind {
+                    addr: options.listen,
+                    source,
+                });
+            }
+        };
         let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
         let shutdown = async move {
             let _ = stop_rx.wait_for(|s| *s).await;
@@ -978,6 +996,10 @@ impl Applier {
             revision = table.revision.as_deref().unwrap_or_default(),
             "configuration installed from the cluster"
         );
+        // Providers that stay keep their state across the swap: give them the status
+        // availability first, so the cascade weights the swap computes for routes without
+        // usable status weights are already the right ones (no window with stale weights).
+        set_availabilities(&shared.app.runtime.live(), providers);
         shared.app.runtime.swap(table);
         self.blocked = blocked;
         let outcome = if self.messages.iter().any(|m| m.contains(" rejected: ")) {
@@ -1122,16 +1144,7 @@ fn revision(
 /// Availability from LLMProvider status and weights from RoutingPolicy status into `live`
 /// (see the module docs for the rules).
 fn apply_status(live: &Live, providers: &[Arc<LLMProvider>], policies: &[Arc<RoutingPolicy>]) {
-    let availability: HashMap<String, f64> = providers
-        .iter()
-        .filter_map(|p| {
-            let a = p.status.as_ref()?.availability?;
-            Some((provider_key(p.as_ref()), a))
-        })
-        .collect();
-    for (p, s) in live.table.providers.iter().zip(&live.providers) {
-        s.set_availability(availability.get(&p.key).copied().unwrap_or(1.0));
-    }
+    set_availabilities(live, providers);
     let by_key: HashMap<String, &Arc<RoutingPolicy>> = policies
         .iter()
         .map(|p| (provider_key(p.as_ref()), p))
@@ -1149,6 +1162,20 @@ fn apply_status(live: &Live, providers: &[Arc<LLMProvider>], policies: &[Arc<Rou
             .and_then(|s| s.last_update_time.as_ref())
             .and_then(|t| chrono::DateTime::from_timestamp_millis(t.0.as_millisecond()));
         *lock(&state.computed_at) = computed;
+    }
+}
+
+/// Availability of every provider of `live` from its LLMProvider status; 1 without one.
+fn set_availabilities(live: &Live, providers: &[Arc<LLMProvider>]) {
+    let availability: HashMap<String, f64> = providers
+        .iter()
+        .filter_map(|p| {
+            let a = p.status.as_ref()?.availability?;
+            Some((provider_key(p.as_ref()), a))
+        })
+        .collect();
+    for (p, s) in live.table.providers.iter().zip(&live.providers) {
+        s.set_availability(availability.get(&p.key).copied().unwrap_or(1.0));
     }
 }
 

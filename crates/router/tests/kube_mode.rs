@@ -473,3 +473,53 @@ async fn kube_router_invalid_object_keeps_last_good_and_secret_rotation_applies(
     assert!(mocks.calls("p-b") > 0);
     router.stop().await.unwrap();
 }
+
+/// TenantQuota API keys come from Secrets through the reflector: authentication turns on with
+/// the first TenantQuota, and a rotated key replaces the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_router_tenant_keys_from_secrets_authenticate() {
+    let _guard = serial().await;
+    let api = FakeApi::new();
+    let _mocks = Mocks::start(&api, &["p-a"]).await;
+    api.apply("routingpolicies", "r1", policy(&["p-a"]));
+    let endpoint = api.endpoint().await;
+    let router = router(&endpoint, RESYNC).await;
+    let send = |key: Option<&'static str>| {
+        let addr = router.addr;
+        async move {
+            let mut request = reqwest::Client::new()
+                .post(format!("http://{addr}/v1/chat/completions"))
+                .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}));
+            if let Some(key) = key {
+                request = request.bearer_auth(key);
+            }
+            request.send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(
+        send(None).await,
+        200,
+        "no TenantQuota: authentication is off"
+    );
+
+    api.apply("secrets", "t1-keys", secret("main", "sk-tenant-1"));
+    api.apply(
+        "tenantquotas",
+        "t1",
+        json!({"spec": {"apiKeys": [{"name": "main", "secretRef": {"name": "t1-keys", "key": "main"}}]}}),
+    );
+    eventually(Duration::from_secs(5), "authentication on", || async {
+        send(None).await == 401
+    })
+    .await;
+    assert_eq!(send(Some("sk-tenant-1")).await, 200);
+    assert_eq!(send(Some("sk-other")).await, 401);
+
+    api.apply("secrets", "t1-keys", secret("main", "sk-tenant-2"));
+    eventually(Duration::from_secs(5), "rotated key accepted", || async {
+        send(Some("sk-tenant-2")).await == 200
+    })
+    .await;
+    assert_eq!(send(Some("sk-tenant-1")).await, 401);
+    router.stop().await.unwrap();
+}
