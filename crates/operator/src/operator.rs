@@ -22,7 +22,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use switchyard_api::common::{condition, field_manager, reason};
-use switchyard_api::loader::ObjectValidator;
 use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota};
 
 use crate::control::ControlState;
@@ -34,7 +33,7 @@ use crate::status::{
     availability_of, degraded_flag, key_of, needs_write, policy_status, provider_status,
     strip_timestamps, tenant_status,
 };
-use crate::validate::{SecretIndex, Verdicts, World, validate};
+use crate::validate::{SchemaChecker, SecretIndex, Verdicts, World, validate};
 
 /// Locks a mutex, recovering from poisoning: every critical section leaves its data whole.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -126,7 +125,7 @@ pub struct Operator {
     stores: Stores,
     settings: Settings,
     secrets: Mutex<SecretIndex>,
-    validator: ObjectValidator,
+    validator: SchemaChecker,
     control: Mutex<ControlState>,
     collector: tokio::sync::Mutex<Collector>,
     recorder: Recorder,
@@ -169,7 +168,7 @@ impl Operator {
             stores,
             settings,
             secrets: Mutex::new(SecretIndex::default()),
-            validator: ObjectValidator::new(),
+            validator: SchemaChecker::new(),
             control: Mutex::new(ControlState::new()),
             collector: tokio::sync::Mutex::new(Collector::new()),
             recorder,

@@ -22,8 +22,8 @@
 //! problem's reason and every problem's message. Each object is judged on its own: one broken
 //! object never changes the verdict on an unrelated one.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use kube::ResourceExt;
 use switchyard_api::common::{SecretKeyRef, reason};
@@ -172,7 +172,7 @@ fn ns_of<K: kube::Resource>(o: &K) -> String {
 }
 
 /// Validates every object of `world` (see the module docs).
-pub fn validate(world: &World, validator: &ObjectValidator) -> Verdicts {
+pub fn validate(world: &World, validator: &SchemaChecker) -> Verdicts {
     let mut problems: BTreeMap<String, Vec<Problem>> = BTreeMap::new();
     let mut push = |kind: &str, ns: &str, name: &str, p: Problem| {
         problems
@@ -181,19 +181,37 @@ pub fn validate(world: &World, validator: &ObjectValidator) -> Verdicts {
             .push(p);
     };
 
-    // 1. Schema and CEL, one object at a time.
+    // 1. Schema and CEL, one object at a time (cached per generation; deleted objects dropped).
+    let keys: BTreeSet<String> = world
+        .providers
+        .iter()
+        .map(|p| object_key("LLMProvider", &ns_of(&**p), &p.name_any()))
+        .chain(
+            world
+                .policies
+                .iter()
+                .map(|p| object_key("RoutingPolicy", &ns_of(&**p), &p.name_any())),
+        )
+        .chain(
+            world
+                .tenants
+                .iter()
+                .map(|t| object_key("TenantQuota", &ns_of(&**t), &t.name_any())),
+        )
+        .collect();
+    validator.retain(&keys);
     for p in &world.providers {
-        for problem in schema_problems(validator, &**p) {
+        for problem in validator.problems("LLMProvider", &**p) {
             push("LLMProvider", &ns_of(&**p), &p.name_any(), problem);
         }
     }
     for p in &world.policies {
-        for problem in schema_problems(validator, &**p) {
+        for problem in validator.problems("RoutingPolicy", &**p) {
             push("RoutingPolicy", &ns_of(&**p), &p.name_any(), problem);
         }
     }
     for t in &world.tenants {
-        for problem in schema_problems(validator, &**t) {
+        for problem in validator.problems("TenantQuota", &**t) {
             push("TenantQuota", &ns_of(&**t), &t.name_any(), problem);
         }
     }
@@ -282,6 +300,72 @@ pub fn validate(world: &World, validator: &ObjectValidator) -> Verdicts {
 
     let entries = eligibility(world, &problems);
     Verdicts { problems, entries }
+}
+
+/// The loader's schema and CEL checks, with results kept per object and `metadata.generation`
+/// (only a spec change moves the generation, and only the spec is checked), so a resync of
+/// every object does not re-run every CEL rule.
+pub struct SchemaChecker {
+    validator: ObjectValidator,
+    cache: Mutex<HashMap<String, (i64, Vec<Problem>)>>,
+}
+
+impl std::fmt::Debug for SchemaChecker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SchemaChecker")
+    }
+}
+
+impl Default for SchemaChecker {
+    fn default() -> Self {
+        SchemaChecker {
+            validator: ObjectValidator::new(),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl SchemaChecker {
+    /// Compiles the validators; the cache starts empty.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets the results of objects whose keys (`Kind namespace/name`) are not in `keep`.
+    fn retain(&self, keep: &BTreeSet<String>) {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|k, _| keep.contains(k));
+    }
+
+    /// The schema and CEL problems of `object` (a `kind`).
+    pub fn problems<K: serde::Serialize + kube::Resource>(
+        &self,
+        kind: &str,
+        object: &K,
+    ) -> Vec<Problem> {
+        let key = object_key(kind, &ns_of(object), &object.name_any());
+        let generation = object.meta().generation;
+        if let Some(generation) = generation
+            && let Some((seen, problems)) = self
+                .cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&key)
+            && *seen == generation
+        {
+            return problems.clone();
+        }
+        let problems = schema_problems(&self.validator, object);
+        if let Some(generation) = generation {
+            self.cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key, (generation, problems.clone()));
+        }
+        problems
+    }
 }
 
 fn schema_problems<K: serde::Serialize>(validator: &ObjectValidator, object: &K) -> Vec<Problem> {
@@ -411,7 +495,7 @@ mod tests {
             providers: vec![bad, good],
             ..World::default()
         };
-        let verdicts = validate(&world, &ObjectValidator::new());
+        let verdicts = validate(&world, &SchemaChecker::new());
         let problems = verdicts.problems("LLMProvider", "ns", "bad");
         assert!(!problems.is_empty());
         assert!(problems.iter().all(|p| p.reason == reason::INVALID_SPEC));
