@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod dispatch;
+pub mod estimate;
 pub mod metrics;
 pub mod server;
 pub mod standalone;
