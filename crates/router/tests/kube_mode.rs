@@ -523,3 +523,35 @@ async fn kube_router_tenant_keys_from_secrets_authenticate() {
     assert_eq!(send(Some("sk-tenant-1")).await, 401);
     router.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_router_all_namespaces_lists_cluster_wide_paths() {
+    let _guard = serial().await;
+    let api = FakeApi::new();
+    let _mocks = Mocks::start(&api, &["p-a"]).await;
+    api.apply("routingpolicies", "r1", policy(&["p-a"]));
+    let endpoint = api.endpoint().await;
+    let mut o = options(RESYNC);
+    o.namespace = None;
+    let router = router_with(&endpoint, o).await;
+    assert_eq!(
+        chat(&router, "all-1", false).await,
+        (200, Some("p-a".to_owned()))
+    );
+    let requests = api.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r == "GET /apis/switchyard.dev/v1alpha1/llmproviders"),
+        "{requests:?}"
+    );
+    assert!(
+        requests.iter().any(|r| r == "GET /api/v1/secrets"),
+        "{requests:?}"
+    );
+    assert!(
+        !requests.iter().any(|r| r.contains("/namespaces/")),
+        "{requests:?}"
+    );
+    router.stop().await.unwrap();
+}

@@ -467,9 +467,12 @@ pub(crate) fn options(resync: Duration) -> Options {
 
 /// Starts a router on `endpoint` and waits until it is ready.
 pub(crate) async fn router(endpoint: &Endpoint, resync: Duration) -> KubeRouter {
-    let router = KubeRouter::start(endpoint.client(), options(resync))
-        .await
-        .unwrap();
+    router_with(endpoint, options(resync)).await
+}
+
+/// Starts a router with `options` on `endpoint` and waits until it is ready.
+pub(crate) async fn router_with(endpoint: &Endpoint, options: Options) -> KubeRouter {
+    let router = KubeRouter::start(endpoint.client(), options).await.unwrap();
     let url = format!("http://{}/readyz", router.addr);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
