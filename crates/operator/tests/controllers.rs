@@ -214,3 +214,129 @@ async fn follower_writes_nothing_until_it_becomes_leader() {
         .unwrap();
     assert!(healthz.status().is_success());
 }
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+struct Elected {
+    metrics: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Elected {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A full `run` with leader election on Lease `team-a/switchyard-operator`.
+fn start_elected(fake: &FakeApi, identity: &str) -> Elected {
+    let metrics = free_addr();
+    let options = Options {
+        namespace: Some(NS.into()),
+        targets: Targets::Static(vec![]),
+        lease: Some(switchyard_operator::LeaseOptions {
+            namespace: NS.into(),
+            name: "switchyard-operator".into(),
+        }),
+        identity: identity.into(),
+        listen: metrics,
+        interval: Some(Duration::from_secs(3600)),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let client = fake.client();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop_rx.await;
+        };
+        switchyard_operator::run(client, options, shutdown)
+            .await
+            .unwrap();
+    });
+    Elected {
+        metrics,
+        stop: Some(stop_tx),
+        task,
+    }
+}
+
+async fn metrics_of(addr: SocketAddr) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(r) = reqwest::get(format!("http://{addr}/metrics")).await {
+            return r.text().await.unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no metrics on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn written(metrics: &str) -> bool {
+    metrics
+        .lines()
+        .any(|l| l.contains("result=\"written\"") && !l.trim_end().ends_with(" 0"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_elect_one_writer_and_the_other_takes_over_after_shutdown() {
+    let fake = FakeApi::start().await;
+    fake.put(secret("creds-1", &["api-key"]));
+    fake.put(provider_all_models("p1", "creds-1"));
+    fake.put(policy("r1", "m1", &["p1"]));
+    let lease = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/switchyard-operator");
+
+    let mut a = start_elected(&fake, "op-a");
+    fake.wait_for(&lease, Duration::from_secs(10), |l| {
+        l["spec"]["holderIdentity"] == "op-a"
+    })
+    .await;
+    fake.wait_for(&policy_path("r1"), Duration::from_secs(10), |o| {
+        ready_at(o, 1)
+    })
+    .await;
+    let b = start_elected(&fake, "op-b");
+    // b syncs its caches, but the Lease is a's: b writes nothing, a keeps it.
+    let b_metrics = metrics_of(b.metrics).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b_metrics = format!("{b_metrics}{}", metrics_of(b.metrics).await);
+    assert!(
+        b_metrics.contains("switchyard_operator_leader 0"),
+        "{b_metrics}"
+    );
+    assert!(!written(&b_metrics), "{b_metrics}");
+    assert!(written(&metrics_of(a.metrics).await));
+    assert_eq!(fake.get(&lease).unwrap()["spec"]["holderIdentity"], "op-a");
+
+    // a shuts down and releases the Lease; b takes it once the old term would have expired
+    // (it sleeps until then) and processes the next change.
+    let _ = a.stop.take().unwrap().send(());
+    let lease_secs = switchyard_operator::leader::LEASE_DURATION_SECS;
+    fake.wait_for(&lease, Duration::from_secs(lease_secs + 10), |l| {
+        l["spec"]["holderIdentity"] == "op-b"
+    })
+    .await;
+    fake.put(policy("r1", "m1", &["p1", "p-none"]));
+    let r1 = fake
+        .wait_for(&policy_path("r1"), Duration::from_secs(10), |o| {
+            o["status"]["observedGeneration"] == 2
+        })
+        .await;
+    assert_eq!(
+        condition(&r1, "Ready").unwrap()["reason"],
+        "DanglingReference"
+    );
+    let b_metrics = metrics_of(b.metrics).await;
+    assert!(
+        b_metrics.contains("switchyard_operator_leader 1"),
+        "{b_metrics}"
+    );
+    assert!(written(&b_metrics), "{b_metrics}");
+}

@@ -45,6 +45,9 @@ struct Inner {
     rv: u64,
     log: Vec<Recorded>,
     created: u64,
+    /// Field manager owning `spec.holderIdentity` of a Lease, by object path (server-side
+    /// apply's conflict rule, the one leader election relies on).
+    holders: BTreeMap<String, String>,
 }
 
 #[derive(Clone)]
@@ -103,6 +106,17 @@ fn not_found(what: &str) -> Response {
         .into_response()
 }
 
+fn conflict(reason: &str, code: u16, message: &str) -> Response {
+    (
+        StatusCode::from_u16(code).unwrap(),
+        axum::Json(
+            json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+            "message": message,"reason": reason,"code": code}),
+        ),
+    )
+        .into_response()
+}
+
 fn query_value<'a>(query: &'a str, key: &str) -> Option<&'a str> {
     query.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=')?;
@@ -123,7 +137,13 @@ fn matches_labels(obj: &Value, selector: Option<&str>) -> bool {
     })
 }
 
-async fn handle(State(s): State<Shared>, method: Method, uri: Uri, body: Bytes) -> Response {
+async fn handle(
+    State(s): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     let path = uri.path().to_owned();
     let query = uri.query().unwrap_or("").to_owned();
     let json_body: Option<Value> = if body.is_empty() {
@@ -226,7 +246,66 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, body: Bytes) 
         if obj["metadata"]["name"].is_null() {
             obj["metadata"]["name"] = json!(format!("created-{}", inner.created));
         }
+        if path.ends_with("/leases") {
+            let object_path = format!("{path}/{}", obj["metadata"]["name"].as_str().unwrap());
+            if inner.objects.contains_key(&object_path) {
+                return conflict("AlreadyExists", 409, "lease already exists");
+            }
+            inner.rv += 1;
+            obj["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+            inner.objects.insert(object_path, obj.clone());
+        }
         return (StatusCode::CREATED, axum::Json(obj)).into_response();
+    }
+    if method == Method::PATCH && is_object && path.contains("/leases/") {
+        let apply = headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("apply-patch"));
+        let manager = query_value(&query, "fieldManager").unwrap_or("").to_owned();
+        let body = json_body.unwrap_or(json!({}));
+        let mut inner = s.inner.lock().unwrap();
+        let Some(mut obj) = inner.objects.get(&path).cloned() else {
+            return not_found(&path);
+        };
+        let wanted_holder = body["spec"]["holderIdentity"].clone();
+        let current_holder = obj["spec"]["holderIdentity"].clone();
+        if apply
+            && wanted_holder.is_string()
+            && current_holder.is_string()
+            && wanted_holder != current_holder
+            && inner
+                .holders
+                .get(&path)
+                .is_some_and(|owner| *owner != manager)
+        {
+            return conflict(
+                "Conflict",
+                409,
+                "Apply failed with 1 conflict: conflict with another manager over .spec.holderIdentity",
+            );
+        }
+        if let Some(spec) = body["spec"].as_object() {
+            for (k, v) in spec {
+                if v.is_null() {
+                    if let Some(m) = obj["spec"].as_object_mut() {
+                        m.remove(k);
+                    }
+                    if k == "holderIdentity" {
+                        inner.holders.remove(&path);
+                    }
+                } else {
+                    obj["spec"][k] = v.clone();
+                    if k == "holderIdentity" {
+                        inner.holders.insert(path.clone(), manager.clone());
+                    }
+                }
+            }
+        }
+        inner.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        inner.objects.insert(path.clone(), obj.clone());
+        return axum::Json(obj).into_response();
     }
     not_found(&format!("{method} {path}"))
 }
