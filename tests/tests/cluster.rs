@@ -352,8 +352,12 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
 
     // Validation status appears on the example objects in any case.
     wait_until(Duration::from_secs(30), "Ready on the examples", || {
-        let p = get_json("llmprovider", "anthropic-direct")?;
-        let t = get_json("tenantquota", "acme-agents")?;
+        let Some(p) = get_json("llmprovider", "anthropic-direct") else {
+            return Some("llmprovider anthropic-direct not found".to_owned());
+        };
+        let Some(t) = get_json("tenantquota", "acme-agents") else {
+            return Some("tenantquota acme-agents not found".to_owned());
+        };
         (ready_status(&p).as_deref() == Some("True") && ready_status(&t).as_deref() == Some("True"))
             .then_some(())
             .map_or_else(
@@ -393,7 +397,9 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
             Duration::from_secs(2 * INTERVAL_SECS + 10),
             "availability in status",
             || {
-                let p = get_json("llmprovider", "e2e-mock")?;
+                let Some(p) = get_json("llmprovider", "e2e-mock") else {
+                    return Some("llmprovider e2e-mock not found".to_owned());
+                };
                 let successes = p["status"]["lastWindow"]["successes"].as_u64().unwrap_or(0);
                 let seen = p["status"]["availability"].is_number() && successes > 0;
                 (!seen).then(|| p["status"].to_string())
@@ -404,7 +410,9 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
             Duration::from_secs(2 * INTERVAL_SECS + 10),
             "weights in status",
             || {
-                let r = get_json("routingpolicy", "e2e-chat")?;
+                let Some(r) = get_json("routingpolicy", "e2e-chat") else {
+                    return Some("routingpolicy e2e-chat not found".to_owned());
+                };
                 let w = &r["status"]["providers"][0];
                 let seen = w["name"] == "e2e-mock"
                     && w["weight"].is_number()
@@ -420,7 +428,9 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
             Duration::from_secs(2 * INTERVAL_SECS + 10),
             "weights in status",
             || {
-                let r = get_json("routingpolicy", "e2e-chat")?;
+                let Some(r) = get_json("routingpolicy", "e2e-chat") else {
+                    return Some("routingpolicy e2e-chat not found".to_owned());
+                };
                 let w = &r["status"]["providers"][0];
                 (!(w["weight"].is_number())).then(|| r["status"].to_string())
             },
