@@ -340,3 +340,54 @@ async fn two_replicas_elect_one_writer_and_the_other_takes_over_after_shutdown()
     );
     assert!(written(&b_metrics), "{b_metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_main_with_a_kubeconfig_file_writes_status() {
+    let fake = FakeApi::start().await;
+    fake.put(provider_all_models("p1", "creds-1"));
+    fake.put(policy("r1", "m1", &["p1"]));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig.yaml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"http://{}\"}}\nusers:\n- name: nobody\n  user: {{}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: nobody, namespace: {NS}}}\ncurrent-context: fake\n",
+            fake.addr
+        ),
+    )
+    .unwrap();
+    let args = switchyard_operator::cli::OperatorArgs {
+        namespace: None,
+        all_namespaces: false,
+        router_service: "switchyard-router".into(),
+        router_namespace: None,
+        router_port_name: "http".into(),
+        router_addresses: vec!["http://127.0.0.1:9".into()],
+        lease_name: "switchyard-operator".into(),
+        lease_namespace: None,
+        no_leader_election: true,
+        identity: "cli-test".into(),
+        metrics_listen: free_addr(),
+        kubeconfig: Some(kubeconfig),
+        interval: Some(Duration::from_secs(3600)),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(switchyard_operator::cli::main(args, async move {
+        let _ = stop_rx.await;
+    }));
+    // The namespace comes from the kubeconfig context; the missing Secret is reported.
+    let p1 = fake
+        .wait_for(
+            &format!("/apis/switchyard.dev/v1alpha1/namespaces/{NS}/llmproviders/p1"),
+            Duration::from_secs(10),
+            |o| condition(o, "Ready").is_some(),
+        )
+        .await;
+    assert_eq!(condition(&p1, "Ready").unwrap()["reason"], "SecretNotFound");
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the operator stops on shutdown")
+        .unwrap()
+        .unwrap();
+}
