@@ -23,7 +23,7 @@
 //! millisecond resolution; window boundaries follow the caller's wall clock, so replicas
 //! must agree on the time within a window (a lagging replica never reopens a closed window).
 //!
-//! **Abandoned reservations.** A reservation is a hash with a TTL and its concurrency slots
+//! **Abandoned reservations.** A reservation record is a string with a TTL and its concurrency slots
 //! are members of a sorted set scored by expiry, pruned on every check, so a replica that
 //! dies with reservations open frees their slots by itself; the estimate stays charged (as
 //! core's [`Ledger::expire`](switchyard_core::quota::Ledger::expire)). A [`Ticket`] dropped

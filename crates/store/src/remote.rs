@@ -1,9 +1,11 @@
 //! The Redis backend: one Lua script per reservation and one per settlement (EVALSHA through
 //! [`redis::Script`], which loads the script on `NOSCRIPT`), all keys under one hash tag.
 //!
-//! Key layout (prefix `p`): `{p}:b:<bucket key>` hash (token or window state),
-//! `{p}:c:<bucket key>` sorted set of reservation ids scored by expiry (concurrency),
-//! `{p}:r:<reservation id>` hash of the amounts debited per bucket (expires with the
+//! Key layout (prefix `p`): `{p}:buckets` hash of token and window states (field
+//! `{p}:b:<bucket key>`, so one `HMGET` reads all buckets of a reservation and one `HSET`
+//! writes them), `{p}:c:<bucket key>` sorted set of reservation ids scored by expiry
+//! (concurrency),
+//! `{p}:r:<reservation id>` string `amount:epoch,...` of what was debited per bucket (expires with the
 //! reservation), `{p}:signals` hash of shared deadlines, published on channel `{p}:signals`.
 
 use std::collections::HashMap;
@@ -40,6 +42,7 @@ pub(crate) struct Refused {
 pub(crate) struct Remote {
     conn: ConnectionManager,
     tag: String,
+    state_key: String,
     pub(crate) channel: String,
     signals_key: String,
     reserve: Script,
@@ -64,6 +67,7 @@ impl Remote {
         Remote {
             conn,
             tag: format!("{{{prefix}}}"),
+            state_key: format!("{{{prefix}}}:buckets"),
             channel: format!("{{{prefix}}}:signals"),
             signals_key: format!("{{{prefix}}}:signals"),
             reserve: script(include_str!("lua/reserve.lua")),
@@ -116,6 +120,7 @@ impl Remote {
         wall: DateTime<Utc>,
     ) {
         inv.key(record);
+        inv.key(&self.state_key);
         for a in asks {
             inv.key(self.bucket_key(a.spec));
         }
@@ -179,6 +184,7 @@ impl Remote {
         wall: DateTime<Utc>,
     ) -> Result<(i64, i64, i64, bool), StoreError> {
         let mut inv = self.figures.prepare_invoke();
+        inv.key(&self.state_key);
         inv.key(self.bucket_key(spec));
         let (mode, remaining, reset) = match correct {
             Some((r, d)) => (

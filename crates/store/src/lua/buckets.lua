@@ -7,9 +7,15 @@
 --   T: b+3 period in ticks, b+4 tick in microseconds
 --   W: b+3 epoch of the window containing the caller's wall clock, b+4 its end (us),
 --      b+5 epoch of the next window, b+6 its end (us); b+7 period (us), to notice a change
--- State lives in a hash (T, W) or a sorted set of reservation ids scored by expiry (C).
+-- Token and window states are fields of one hash (the bucket's name is the field, so one
+-- HMGET reads every bucket of a reservation and one HSET writes them back):
+--   'T,capacity,period,tick,level,time'   level in unit-ticks, time in ticks
+--   'W,capacity,period,used,epoch,end'    end in us
+-- A concurrency bucket is a sorted set of reservation ids scored by expiry (its own key).
 -- Numbers are Lua doubles: integers are exact below 2^53, and the caller picks the tick so
--- that capacity x period-in-ticks stays below it.
+-- that capacity x period-in-ticks stays below it. Every value is an integer; Lua's tostring
+-- keeps only 14 digits, so states are written with '%d' (a 64-bit integer in Redis's Lua),
+-- and numbers passed to redis.call are written exactly by Redis.
 
 local GROUP = 8
 local KIND = { ['84'] = 'T', ['87'] = 'W', ['67'] = 'C' }
@@ -33,16 +39,21 @@ local function refill(level, cap, per, dt)
   return level + cap * dt
 end
 
--- Loads the bucket at KEYS[ki] described by the group at ARGV[b], brought to `now`.
-local function load(ki, b, now)
+local function fields(v)
+  return { string.match(v, '^(%a),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$') }
+end
+
+-- The bucket named `name` described by the group at ARGV[b], from its stored value `v`
+-- (nil when new), brought to `now`.
+local function load(name, v, b, now)
   local kind = KIND[ARGV[b]]
-  local s = { kind = kind, key = KEYS[ki], cap = tonumber(ARGV[b + 2]) }
+  local s = { kind = kind, key = name, cap = tonumber(ARGV[b + 2]) }
   if kind == 'C' then
-    redis.call('ZREMRANGEBYSCORE', s.key, '-inf', now)
-    s.held = redis.call('ZCARD', s.key)
+    redis.call('ZREMRANGEBYSCORE', name, '-inf', now)
+    s.held = redis.call('ZCARD', name)
     return s
   end
-  local h = redis.call('HMGET', s.key, 'k', 'c', 'p', 'q', 'l', 't', 'e', 'n')
+  local h = v and fields(v) or {}
   if kind == 'T' then
     s.per = tonumber(ARGV[b + 3]); s.tick = tonumber(ARGV[b + 4])
     s.t = math.floor(now / s.tick)
@@ -70,7 +81,7 @@ local function load(ki, b, now)
     s.e, s.wend, s.used = we, wend, 0
     return s
   end
-  s.e, s.wend, s.used = tonumber(h[7]), tonumber(h[8]), tonumber(h[5])
+  s.used, s.e, s.wend = tonumber(h[4]), tonumber(h[5]), tonumber(h[6])
   if tonumber(h[3]) ~= s.period then
     -- A new window length: fresh boundaries, consumption kept.
     s.e, s.wend = we, wend
@@ -81,12 +92,47 @@ local function load(ki, b, now)
   return s
 end
 
-local function save(s)
-  if s.kind == 'T' then
-    redis.call('HSET', s.key, 'k', 'T', 'c', s.cap, 'p', s.per, 'q', s.tick, 'l', s.level, 't', s.t)
-  elseif s.kind == 'W' then
-    redis.call('HSET', s.key, 'k', 'W', 'c', s.cap, 'p', s.period, 'l', s.used, 'e', s.e, 'n', s.wend)
+-- Loads buckets 1..n named KEYS[first..first+n-1] (those with only[i], when given) with one
+-- HMGET of the state hash.
+local function load_all(state, first, n, now, only)
+  local names, idx = {}, {}
+  for i = 1, n do
+    if KIND[ARGV[4 + (i - 1) * GROUP]] ~= 'C' and (not only or only[i]) then
+      names[#names + 1] = KEYS[first + i - 1]
+      idx[#idx + 1] = i
+    end
   end
+  local values = {}
+  if #names > 0 then
+    local r = redis.call('HMGET', state, unpack(names))
+    for j = 1, #idx do
+      if r[j] then values[idx[j]] = r[j] end
+    end
+  end
+  local states = {}
+  for i = 1, n do
+    if not only or only[i] then
+      states[i] = load(KEYS[first + i - 1], values[i], 4 + (i - 1) * GROUP, now)
+    end
+  end
+  return states
+end
+
+-- Writes back every token or window state marked `changed`, in one HSET.
+local function save_all(state, states, n)
+  local args = {}
+  for i = 1, n do
+    local s = states[i]
+    if s and s.changed then
+      args[#args + 1] = s.key
+      if s.kind == 'T' then
+        args[#args + 1] = string.format('T,%d,%d,%d,%d,%d', s.cap, s.per, s.tick, s.level, s.t)
+      else
+        args[#args + 1] = string.format('W,%d,%d,%d,%d,%d', s.cap, s.period, s.used, s.e, s.wend)
+      end
+    end
+  end
+  if #args > 0 then redis.call('HSET', state, unpack(args)) end
 end
 
 -- nil when `amt` fits; else wait kind (0 on release, 1 after a time, 2 never) and wait (us).

@@ -1,10 +1,10 @@
--- Figures (and header corrections) of one bucket: KEYS[1] bucket, ARGV[1] = 1, ARGV[2] mode
--- ('F' figures only, 'H' correct from headers), ARGV[3] reported remaining, then one group at
--- ARGV[4] whose amount slot carries the reported reset (us, -1 unknown).
--- Returns {limit, remaining, reset us, changed}.
+-- Figures (and header corrections) of one bucket: KEYS[1] bucket state hash, KEYS[2] bucket
+-- name; ARGV[1] = 1, ARGV[2] mode ('F' figures only, 'H' correct from headers), ARGV[3]
+-- reported remaining, then one group at ARGV[4] whose amount slot carries the reported
+-- reset (us, -1 unknown). Returns {limit, remaining, reset us, changed}.
 local mode = ARGV[2]
 local now = now_us()
-local s = load(1, 4, now)
+local s = load_all(KEYS[1], 2, 1, now, nil)[1]
 local changed = 0
 if mode == 'H' and s.kind ~= 'C' then
   local remaining, reset = tonumber(ARGV[3]), tonumber(ARGV[5])
@@ -20,6 +20,9 @@ if mode == 'H' and s.kind ~= 'C' then
     if reset >= 0 and now + reset > s.wend then s.wend = now + reset; changed = 1 end
   end
 end
-if changed == 1 then save(s) end
+if changed == 1 then
+  s.changed = true
+  save_all(KEYS[1], { s }, 1)
+end
 local limit, remaining, reset = figures(s, now)
 return { limit, remaining, reset, changed }

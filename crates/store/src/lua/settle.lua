@@ -1,34 +1,46 @@
--- Settle: KEYS[1] reservation record, KEYS[2..n+1] buckets (as reserved, same order).
--- ARGV[1] n, ARGV[2] reservation id, then n groups whose amount is the units really used
--- (-1 keeps the estimate). Credits exactly what the record says was debited.
--- Returns 1 when settled, 0 when the record had expired or was already settled.
+-- Settle: KEYS[1] reservation record, KEYS[2] bucket state hash, KEYS[3..n+2] bucket names
+-- (as reserved, same order). ARGV[1] n, ARGV[2] reservation id, then n groups whose amount
+-- is the units really used (-1 keeps the estimate). Credits exactly what the record says
+-- was debited. Returns 1 when settled, 0 when the record had expired or was already settled.
 local n, rid = tonumber(ARGV[1]), ARGV[2]
-local raw = redis.call('HGETALL', KEYS[1])
+local raw = redis.call('GETDEL', KEYS[1])
 for i = 1, n do
-  local b = 4 + (i - 1) * GROUP
-  if KIND[ARGV[b]] == 'C' then redis.call('ZREM', KEYS[i + 1], rid) end
+  if KIND[ARGV[4 + (i - 1) * GROUP]] == 'C' then redis.call('ZREM', KEYS[i + 2], rid) end
 end
-if #raw == 0 then return 0 end
-local rec = {}
-for j = 1, #raw, 2 do rec[raw[j]] = tonumber(raw[j + 1]) end
-local now = now_us()
+if not raw then return 0 end
+local amounts, epochs = {}, {}
+for a, e in string.gmatch(raw, '([^:,]+):([^,]+)') do
+  amounts[#amounts + 1] = tonumber(a)
+  epochs[#epochs + 1] = tonumber(e)
+end
+-- Only buckets whose charge changes are read and written.
+local only, any = {}, false
 for i = 1, n do
   local b = 4 + (i - 1) * GROUP
-  local kind, actual = KIND[ARGV[b]], tonumber(ARGV[b + 1])
-  local reserved = rec['a' .. i]
-  if kind ~= 'C' and actual >= 0 and reserved and actual ~= reserved then
-    local s = load(i + 1, b, now)
-    if kind == 'T' then
+  local actual, reserved = tonumber(ARGV[b + 1]), amounts[i]
+  if KIND[ARGV[b]] ~= 'C' and actual >= 0 and reserved and actual ~= reserved then
+    only[i] = true
+    any = true
+  end
+end
+if not any then return 1 end
+local now = now_us()
+local states = load_all(KEYS[2], 3, n, now, only)
+for i = 1, n do
+  local s = states[i]
+  if s then
+    local actual, reserved = tonumber(ARGV[4 + (i - 1) * GROUP + 1]), amounts[i]
+    if s.kind == 'T' then
       -- A credit never lifts the level above capacity; an overrun may go negative.
       s.level = math.min(s.cap * s.per, s.level + (reserved - actual) * s.per)
-    elseif s.e == rec['e' .. i] then
+    elseif s.e == epochs[i] then
       s.used = math.max(0, s.used - reserved) + actual
     else
       -- The charged window has closed: drop a credit, charge an overrun to the current one.
       s.used = s.used + math.max(0, actual - reserved)
     end
-    save(s)
+    s.changed = true
   end
 end
-redis.call('DEL', KEYS[1])
+save_all(KEYS[2], states, n)
 return 1
