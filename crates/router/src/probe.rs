@@ -22,8 +22,10 @@
 //! the provider's API kind has no endpoint for) is not sent and reported the same way.
 //!
 //! Success means a 2xx with a complete body (JSON where JSON is expected); latency runs from
-//! sending to the last body byte. The probe runner depends only on [`crate::upstream`] and the
-//! API and core crates, not on the standalone server, so the operator can run the same probes.
+//! sending to the last body byte. [`plan`], [`probe_once`] and [`run`] need only an
+//! [`UpstreamClient`], a [`HealthBoard`] and a [`Clock`] — not the server or the standalone
+//! mode — so another process (the operator) can run the same probes; [`jobs_of`] and
+//! [`run_for_app`] adapt them to the router's own snapshot.
 //!
 //! Rejected alternatives: `GET /v1/models` as the probe (a provider lists models while its
 //! audio path is broken — the failure seed 003 describes); one probe per provider (the same
