@@ -105,6 +105,9 @@ pub struct Options {
     pub resync: Duration,
     /// Quiet period after a change before rebuilding (default 200 ms).
     pub debounce: Duration,
+    /// Keep quota buckets, pauses and breaker signals in Redis, shared by the replicas;
+    /// `None` keeps them in this process.
+    pub redis: Option<switchyard_store::RedisOptions>,
 }
 
 impl Options {
@@ -116,6 +119,7 @@ impl Options {
             max_body_bytes: server::DEFAULT_MAX_BODY_BYTES,
             resync: DEFAULT_RESYNC,
             debounce: DEFAULT_DEBOUNCE,
+            redis: None,
         }
     }
 }
@@ -156,6 +160,9 @@ pub enum StartError {
     /// Serving failed.
     #[error("failed to serve: {0}")]
     Serve(#[source] std::io::Error),
+    /// The quota store could not be set up (e.g. an invalid Redis URL).
+    #[error("quota store: {0}")]
+    Store(#[source] switchyard_store::StoreError),
 }
 
 /// The watched kinds, for health, metrics and messages.
@@ -254,11 +261,18 @@ impl KubeRouter {
     /// with 503 until every kind has been listed once and the first table is installed.
     ///
     /// # Errors
-    /// The listen address cannot be bound.
+    /// The quota store cannot be set up, or the listen address cannot be bound.
     pub async fn start(client: Client, options: Options) -> Result<KubeRouter, StartError> {
-        let app = App::new(
+        let store = match &options.redis {
+            Some(redis) => switchyard_store::QuotaStore::redis(redis.clone())
+                .await
+                .map_err(StartError::Store)?,
+            None => switchyard_store::QuotaStore::in_process(),
+        };
+        let app = App::with_store(
             Runtime::new(RoutingTable::default()),
             options.max_body_bytes,
+            store,
         );
         app.ready.store(false, Ordering::Relaxed);
         let (providers, provider_writer) = writer::<LLMProvider>();
