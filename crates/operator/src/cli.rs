@@ -128,8 +128,7 @@ impl OperatorArgs {
 /// Runs `switchyard operator` until `shutdown` resolves.
 ///
 /// # Errors
-/// Failures to start: no cluster configuration, the listener cannot bind, leader election
-/// cannot start.
+/// Failures to start: no cluster configuration, or the listener cannot bind.
 pub async fn main(
     args: OperatorArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,

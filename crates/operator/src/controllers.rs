@@ -263,7 +263,7 @@ async fn serve(
 /// Builds the controllers over `client`, runs everything until `shutdown` resolves.
 ///
 /// # Errors
-/// Only failures to start: the listener cannot bind, or leader election cannot start.
+/// Only a failure to start: the listener cannot bind.
 pub async fn run(
     client: Client,
     options: Options,
@@ -276,15 +276,12 @@ pub async fn run(
             source,
         })?;
     let leadership = match &options.lease {
-        Some(lease) => {
-            Leadership::elect(
-                client.clone(),
-                &lease.namespace,
-                &lease.name,
-                &options.identity,
-            )
-            .await?
-        }
+        Some(lease) => Leadership::elect(
+            client.clone(),
+            &lease.namespace,
+            &lease.name,
+            &options.identity,
+        ),
         None => Leadership::fixed(true),
     };
     let settings = Settings {
@@ -323,6 +320,7 @@ pub async fn run_with(
         tenants: tenants_c.store(),
     };
     let leader_rx = settings.leadership.subscribe();
+    let leadership = settings.leadership.clone();
     let op = Arc::new(Operator::new(client.clone(), stores.clone(), settings));
 
     // Bumped on every Secret index change and on gaining leadership: re-sync everything.
@@ -443,5 +441,9 @@ pub async fn run_with(
     tracing::info!(namespace = ns.unwrap_or("<all>"), "operator running");
     futures::join!(providers_run, policies_run, tenants_run);
     tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    // With every other holder of the flag gone, resigning releases the Lease at once.
+    drop(op);
+    leadership.resign().await;
     Ok(())
 }

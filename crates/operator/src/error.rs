@@ -17,15 +17,6 @@ pub enum Error {
     /// Building the Kubernetes client failed (no kubeconfig or in-cluster config).
     #[error("failed to build the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
-    /// Leader election could not start (Lease API unreachable or forbidden).
-    #[error("failed to start leader election on Lease {lease}: {source}")]
-    Lease {
-        /// `namespace/name` of the Lease.
-        lease: String,
-        /// The lease manager's error.
-        #[source]
-        source: kube_lease_manager::LeaseManagerError,
-    },
     /// The health and metrics listener could not bind.
     #[error("failed to serve health and metrics on {addr}: {source}")]
     Serve {
@@ -43,7 +34,6 @@ impl Error {
         match self {
             Error::WriteStatus { .. } => "write_status",
             Error::Client(_) => "client",
-            Error::Lease { .. } => "lease",
             Error::Serve { .. } => "serve",
         }
     }

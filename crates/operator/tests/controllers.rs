@@ -318,6 +318,16 @@ async fn two_replicas_elect_one_writer_and_the_other_takes_over_after_shutdown()
     // a shuts down and releases the Lease; b takes it once the old term would have expired
     // (it sleeps until then) and processes the next change.
     let _ = a.stop.take().unwrap().send(());
+    tokio::time::timeout(Duration::from_secs(10), &mut a.task)
+        .await
+        .expect("a stops on shutdown")
+        .unwrap();
+    let released = fake.get(&lease).unwrap();
+    assert!(
+        released["spec"]["holderIdentity"].is_null()
+            || released["spec"]["holderIdentity"] == "op-b",
+        "a released the Lease on shutdown: {released}"
+    );
     let lease_secs = switchyard_operator::leader::LEASE_DURATION_SECS;
     fake.wait_for(&lease, Duration::from_secs(lease_secs + 10), |l| {
         l["spec"]["holderIdentity"] == "op-b"
