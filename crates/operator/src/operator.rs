@@ -198,10 +198,6 @@ impl Operator {
     pub async fn step_down(&self) {
         lock(&self.control).clear();
         lock(&self.recent).clear();
-        self.settings_collector_clear().await;
-    }
-
-    async fn settings_collector_clear(&self) {
         self.collector.lock().await.clear();
     }
 
