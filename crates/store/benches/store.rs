@@ -104,6 +104,11 @@ fn bench(c: &mut Criterion) {
     let store = QuotaStore::in_process();
     let buckets = five_buckets();
 
+    // What the harness itself costs: one `block_on` of a ready future per iteration.
+    c.bench_function("store_block_on_baseline", |b| {
+        b.iter(|| block_on(async { black_box(1) }))
+    });
+
     c.bench_function("store_in_process_reserve_reconcile_5_buckets", |b| {
         b.iter(|| {
             block_on(async {

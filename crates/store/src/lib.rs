@@ -209,7 +209,8 @@ pub struct Ticket {
 struct Live {
     shared: Arc<Shared>,
     issued: Issued,
-    /// Buckets debited (deduplicated by key) and the units debited on each.
+    /// Redis tickets: buckets debited (deduplicated by key) and the units debited on each,
+    /// needed to settle; empty for local tickets.
     charges: SmallVec<[(Arc<BucketSpec>, u64); 6]>,
     demand: Demand,
 }
@@ -246,7 +247,8 @@ impl Ticket {
         }
     }
 
-    /// Units debited per bucket key, in reservation order (a key listed twice appears once).
+    /// Units debited in Redis per bucket key, in reservation order (a key listed twice appears
+    /// once); empty for tickets of a local ledger, which keeps its own record.
     pub fn charges(&self) -> impl Iterator<Item = (&str, u64)> {
         self.live
             .iter()
@@ -451,18 +453,30 @@ impl QuotaStore {
         demand: Demand,
         ttl: Duration,
     ) -> Result<Ticket, Box<Refusal>> {
-        let specs = unique(buckets);
-        let issued = match &self.shared.backend {
-            Backend::InProcess(book) => Issued::Local(lock(book).reserve(&specs, demand, ttl)?),
-            Backend::Redis(r) => self.reserve_redis(r, &specs, demand, ttl).await?,
+        // The ledger deduplicates by itself, and a local ticket needs only its id: the
+        // in-process path clones no spec.
+        let (issued, charges) = match &self.shared.backend {
+            Backend::InProcess(book) => (
+                Issued::Local(lock(book).reserve(buckets, demand, ttl)?),
+                SmallVec::new(),
+            ),
+            Backend::Redis(r) => {
+                let specs = unique(buckets);
+                match self.reserve_redis(r, &specs, demand, ttl).await? {
+                    Issued::Redis(id) => {
+                        let charges = specs
+                            .into_iter()
+                            .map(|s| {
+                                let a = s.demand_amount(&demand);
+                                (s, a)
+                            })
+                            .collect();
+                        (Issued::Redis(id), charges)
+                    }
+                    other => (other, SmallVec::new()),
+                }
+            }
         };
-        let charges = specs
-            .into_iter()
-            .map(|s| {
-                let a = s.demand_amount(&demand);
-                (s, a)
-            })
-            .collect();
         self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(Ticket {
             live: Some(Live {

@@ -5,6 +5,7 @@
 //! one.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,30 @@ pub(crate) fn wall_now() -> DateTime<Utc> {
     Utc::now()
 }
 
+/// Hashes a pointer address with one multiplication (Fibonacci hashing): the fast path for
+/// specs the caller passes again as the same `Arc`, which is the normal case for a router
+/// reading one config snapshot. SipHash over the key string costs ~25 ns a bucket.
+#[derive(Debug, Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Entries beyond this many times the number of buckets mean old config snapshots: the
+/// address cache is cleared (its `Arc`s keep old specs alive until then).
+const ADDR_CACHE_SLACK: usize = 4;
+
 #[derive(Debug)]
 struct Known {
     spec: Arc<BucketSpec>,
@@ -43,6 +68,8 @@ struct Known {
 pub(crate) struct LocalBook {
     ledger: Ledger,
     known: HashMap<String, Known>,
+    /// Spec address → id, for `Arc`s already seen (holds the `Arc` so the address stays valid).
+    by_addr: HashMap<usize, Known, BuildHasherDefault<AddrHasher>>,
     origin: tokio::time::Instant,
     /// 1 in process; the replica share in fallback.
     share: u64,
@@ -55,6 +82,7 @@ impl LocalBook {
         LocalBook {
             ledger: Ledger::new(),
             known: HashMap::new(),
+            by_addr: HashMap::default(),
             origin: tokio::time::Instant::now(),
             share: share.max(1),
             ids: Vec::new(),
@@ -74,11 +102,33 @@ impl LocalBook {
         now: Instant,
         wall: DateTime<Utc>,
     ) -> Option<BucketId> {
-        if let Some(k) = self.known.get(&spec.key)
-            && (Arc::ptr_eq(&k.spec, spec) || *k.spec == **spec)
-        {
+        let addr = Arc::as_ptr(spec) as usize;
+        if let Some(k) = self.by_addr.get(&addr) {
             return Some(k.id);
         }
+        let id = match self.known.get(&spec.key) {
+            Some(k) if Arc::ptr_eq(&k.spec, spec) || *k.spec == **spec => k.id,
+            _ => self.register(spec, now, wall)?,
+        };
+        if self.by_addr.len() >= ADDR_CACHE_SLACK * self.known.len() + 64 {
+            self.by_addr.clear();
+        }
+        self.by_addr.insert(
+            addr,
+            Known {
+                spec: Arc::clone(spec),
+                id,
+            },
+        );
+        Some(id)
+    }
+
+    fn register(
+        &mut self,
+        spec: &Arc<BucketSpec>,
+        now: Instant,
+        wall: DateTime<Utc>,
+    ) -> Option<BucketId> {
         let scaled = scale(spec, self.share);
         match self.ledger.register(scaled, now, wall) {
             Ok(id) => {
@@ -89,6 +139,9 @@ impl LocalBook {
                         id,
                     },
                 );
+                // A changed spec under the same key: addresses cached for the old one must
+                // not keep reaching it, so every cached address is forgotten.
+                self.by_addr.clear();
                 Some(id)
             }
             Err(e) => {
@@ -98,8 +151,8 @@ impl LocalBook {
         }
     }
 
-    /// Reserves on the (already deduplicated) `specs`; refusals name the binding bucket by its
-    /// position in `specs`.
+    /// Reserves on `specs` (a key listed twice is charged once); refusals name the binding
+    /// bucket by its first position in `specs`.
     pub(crate) fn reserve(
         &mut self,
         specs: &[Arc<BucketSpec>],
