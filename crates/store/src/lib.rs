@@ -72,8 +72,8 @@ use tokio::sync::watch;
 
 pub use signals::{Signal, SignalKind};
 
-use local::{LocalBook, Settle, wall_now};
-use remote::{Ask, Remote};
+use local::{LocalBook, Settle, Tightest, wall_now};
+use remote::{Ask, Remote, Reply};
 use signals::LocalSignals;
 
 /// Where reservations are served from (for the `quota_store_mode` metric and logs).
@@ -203,6 +203,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct Ticket {
     live: Option<Live>,
+    tightest: Tightest,
 }
 
 #[derive(Debug)]
@@ -223,6 +224,15 @@ enum Issued {
 }
 
 impl Ticket {
+    /// The caller's tightest bucket right after this reservation (its debit included), for the
+    /// `x-ratelimit-*` headers of a successful response without another store call: its
+    /// position in the `buckets` passed to [`QuotaStore::reserve`] and its figures. As core's
+    /// [`Ledger::tightest`](switchyard_core::quota::Ledger::tightest): the smallest
+    /// `remaining / limit`, provider-side and concurrency buckets skipped; `None` if none is left.
+    pub fn tightest(&self) -> Option<(usize, RateFigures)> {
+        self.tightest
+    }
+
     /// The estimate reserved.
     pub fn demand(&self) -> Demand {
         self.live.as_ref().map(|l| l.demand).unwrap_or_default()
@@ -364,6 +374,28 @@ fn unique(buckets: &[Arc<BucketSpec>]) -> SmallVec<[Arc<BucketSpec>; 6]> {
     out
 }
 
+/// Core's `Ledger::tightest` rule over figures the Redis script returned: the smallest
+/// `remaining / limit` among the caller's own buckets (not provider-side, not concurrency);
+/// the first wins ties.
+fn tightest_of(specs: &[Arc<BucketSpec>], figures: &[RateFigures]) -> Option<(usize, RateFigures)> {
+    let mut best: Option<(usize, RateFigures)> = None;
+    for (i, (s, f)) in specs.iter().zip(figures).enumerate() {
+        if s.scope.is_provider_side()
+            || s.dimension == switchyard_core::quota::Dimension::Concurrency
+        {
+            continue;
+        }
+        let tighter = best.is_none_or(|(_, g)| {
+            u128::from(f.remaining) * u128::from(g.limit.max(1))
+                < u128::from(g.remaining) * u128::from(f.limit.max(1))
+        });
+        if tighter {
+            best = Some((i, *f));
+        }
+    }
+    best
+}
+
 fn micros(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
@@ -455,15 +487,15 @@ impl QuotaStore {
     ) -> Result<Ticket, Box<Refusal>> {
         // The ledger deduplicates by itself, and a local ticket needs only its id: the
         // in-process path clones no spec.
-        let (issued, charges) = match &self.shared.backend {
-            Backend::InProcess(book) => (
-                Issued::Local(lock(book).reserve(buckets, demand, ttl)?),
-                SmallVec::new(),
-            ),
+        let (issued, charges, tightest) = match &self.shared.backend {
+            Backend::InProcess(book) => {
+                let (id, tightest) = lock(book).reserve(buckets, demand, ttl)?;
+                (Issued::Local(id), SmallVec::new(), tightest)
+            }
             Backend::Redis(r) => {
                 let specs = unique(buckets);
                 match self.reserve_redis(r, &specs, demand, ttl).await? {
-                    Issued::Redis(id) => {
+                    (Issued::Redis(id), tightest) => {
                         let charges = specs
                             .into_iter()
                             .map(|s| {
@@ -471,9 +503,9 @@ impl QuotaStore {
                                 (s, a)
                             })
                             .collect();
-                        (Issued::Redis(id), charges)
+                        (Issued::Redis(id), charges, tightest)
                     }
-                    other => (other, SmallVec::new()),
+                    (other, tightest) => (other, SmallVec::new(), tightest),
                 }
             }
         };
@@ -485,6 +517,7 @@ impl QuotaStore {
                 charges,
                 demand,
             }),
+            tightest,
         })
     }
 
@@ -494,7 +527,7 @@ impl QuotaStore {
         specs: &[Arc<BucketSpec>],
         demand: Demand,
         ttl: Duration,
-    ) -> Result<Issued, Box<Refusal>> {
+    ) -> Result<(Issued, Tightest), Box<Refusal>> {
         if *self.shared.mode.borrow() == StoreMode::Redis {
             let valid: SmallVec<[Arc<BucketSpec>; 6]> = specs
                 .iter()
@@ -516,8 +549,14 @@ impl QuotaStore {
                 .collect();
             let id = r.remote.next_id();
             match r.remote.reserve(&id, &asks, ttl, wall_now()).await {
-                Ok(None) => return Ok(Issued::Redis(id)),
-                Ok(Some(refused)) => {
+                Ok(Reply::Admitted(figures)) => {
+                    let tightest = tightest_of(&valid, &figures).and_then(|(i, f)| {
+                        let key = &valid.get(i)?.key;
+                        Some((specs.iter().position(|o| o.key == *key)?, f))
+                    });
+                    return Ok((Issued::Redis(id), tightest));
+                }
+                Ok(Reply::Refused(refused)) => {
                     let spec = valid.get(refused.index).or(valid.first());
                     let pos = spec
                         .and_then(|s| specs.iter().position(|o| o.key == s.key))
@@ -563,9 +602,8 @@ impl QuotaStore {
                 Err(e) => enter_fallback(&self.shared, r, "reserve", &e),
             }
         }
-        Ok(Issued::Fallback(
-            lock(&r.fallback).reserve(specs, demand, ttl)?,
-        ))
+        let (id, tightest) = lock(&r.fallback).reserve(specs, demand, ttl)?;
+        Ok((Issued::Fallback(id), tightest))
     }
 
     /// Settles with the provider's reported usage: each bucket is credited the unused estimate
@@ -591,15 +629,15 @@ impl QuotaStore {
     /// Header figures of a bucket now (`x-ratelimit-limit/remaining/reset`); `None` for an
     /// invalid spec. With Redis failing, the local share's figures.
     pub async fn figures(&self, bucket: &BucketSpec) -> Option<RateFigures> {
-        let spec = Arc::new(bucket.clone());
+        let spec = bucket;
         match &self.shared.backend {
-            Backend::InProcess(book) => lock(book).figures(&spec),
+            Backend::InProcess(book) => lock(book).figures(spec),
             Backend::Redis(r) => {
                 if spec.validate().is_err() {
                     return None;
                 }
                 if *self.shared.mode.borrow() == StoreMode::Redis {
-                    match r.remote.figures(&spec, None, wall_now()).await {
+                    match r.remote.figures(spec, None, wall_now()).await {
                         Ok((limit, remaining, reset, _)) => {
                             return Some(RateFigures {
                                 limit: u64::try_from(limit).unwrap_or(0),
@@ -610,7 +648,7 @@ impl QuotaStore {
                         Err(e) => enter_fallback(&self.shared, r, "figures", &e),
                     }
                 }
-                lock(&r.fallback).figures(&spec)
+                lock(&r.fallback).figures(spec)
             }
         }
     }
@@ -626,9 +664,9 @@ impl QuotaStore {
         remaining: u64,
         reset_after: Duration,
     ) -> bool {
-        let spec = Arc::new(bucket.clone());
+        let spec = bucket;
         match &self.shared.backend {
-            Backend::InProcess(book) => lock(book).correct(&spec, remaining, reset_after),
+            Backend::InProcess(book) => lock(book).correct(spec, remaining, reset_after),
             Backend::Redis(r) => {
                 if spec.validate().is_err() {
                     return false;
@@ -636,14 +674,14 @@ impl QuotaStore {
                 if *self.shared.mode.borrow() == StoreMode::Redis {
                     match r
                         .remote
-                        .figures(&spec, Some((remaining, reset_after)), wall_now())
+                        .figures(spec, Some((remaining, reset_after)), wall_now())
                         .await
                     {
                         Ok((_, _, _, changed)) => return changed,
                         Err(e) => enter_fallback(&self.shared, r, "correct", &e),
                     }
                 }
-                lock(&r.fallback).correct(&spec, remaining, reset_after)
+                lock(&r.fallback).correct(spec, remaining, reset_after)
             }
         }
     }

@@ -16,6 +16,9 @@ use switchyard_core::quota::{
 };
 use switchyard_core::time::Instant;
 
+/// The caller's tightest bucket after a reservation: position in its bucket list, figures.
+pub(crate) type Tightest = Option<(usize, RateFigures)>;
+
 /// How a reservation is settled (the three exits of core's ledger).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Settle {
@@ -158,7 +161,7 @@ impl LocalBook {
         specs: &[Arc<BucketSpec>],
         demand: Demand,
         ttl: Duration,
-    ) -> Result<ReservationId, Box<Refusal>> {
+    ) -> Result<(ReservationId, Tightest), Box<Refusal>> {
         let now = self.now();
         let wall = wall_now();
         // Abandoned reservations free their slots here: O(1) unless one is due.
@@ -171,9 +174,16 @@ impl LocalBook {
             }
         }
         let out = self.ledger.reserve(&ids, demand, now, wall, now + ttl);
+        let out = out.map(|id| {
+            let tightest = self.ledger.tightest(&ids, now, wall).and_then(|(b, f)| {
+                let key = &self.ledger.spec(b)?.key;
+                Some((specs.iter().position(|s| s.key == *key)?, f))
+            });
+            (id, tightest)
+        });
         self.ids = ids;
         match out {
-            Ok(id) => Ok(id),
+            Ok(x) => Ok(x),
             Err(ReserveError::Refused(mut r)) => {
                 let pos = specs.iter().position(|s| s.key == r.key).unwrap_or(0);
                 r.bucket = BucketId::from_index(u32::try_from(pos).unwrap_or(u32::MAX));
@@ -196,22 +206,32 @@ impl LocalBook {
         out.is_ok()
     }
 
-    pub(crate) fn figures(&mut self, spec: &Arc<BucketSpec>) -> Option<RateFigures> {
+    /// The id of a spec passed by reference (header figures, corrections): found by key and
+    /// equality, registered when new or changed, never added to the address cache (callers
+    /// build these specs afresh, and caching them would evict the reservation fast path).
+    fn id_by_value(
+        &mut self,
+        spec: &BucketSpec,
+        now: Instant,
+        wall: DateTime<Utc>,
+    ) -> Option<BucketId> {
+        match self.known.get(&spec.key) {
+            Some(k) if *k.spec == *spec => Some(k.id),
+            _ => self.register(&Arc::new(spec.clone()), now, wall),
+        }
+    }
+
+    pub(crate) fn figures(&mut self, spec: &BucketSpec) -> Option<RateFigures> {
         let now = self.now();
         let wall = wall_now();
-        let id = self.id_of(spec, now, wall)?;
+        let id = self.id_by_value(spec, now, wall)?;
         self.ledger.remaining(id, now, wall)
     }
 
-    pub(crate) fn correct(
-        &mut self,
-        spec: &Arc<BucketSpec>,
-        remaining: u64,
-        reset: Duration,
-    ) -> bool {
+    pub(crate) fn correct(&mut self, spec: &BucketSpec, remaining: u64, reset: Duration) -> bool {
         let now = self.now();
         let wall = wall_now();
-        let Some(id) = self.id_of(spec, now, wall) else {
+        let Some(id) = self.id_by_value(spec, now, wall) else {
             return false;
         };
         // The provider reports its whole remaining; this replica may use its share of it.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 use redis::{Script, ScriptInvocation};
-use switchyard_core::quota::{BucketSpec, Rule};
+use switchyard_core::quota::{BucketSpec, RateFigures, Rule};
 
 use crate::StoreError;
 
@@ -24,6 +24,15 @@ const TWO_POW_53: u128 = 1 << 53;
 
 /// Arguments per bucket in the scripts (`GROUP` in `lua/buckets.lua`).
 const GROUP: usize = 8;
+
+/// What the reservation script answered.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Debited everywhere; each bucket's figures after the debit, in request order.
+    Admitted(Vec<RateFigures>),
+    /// Nothing debited; the binding bucket.
+    Refused(Refused),
+}
 
 /// The binding bucket of a refused reservation, as the script reports it.
 #[derive(Debug, Clone, Copy)]
@@ -134,29 +143,40 @@ impl Remote {
         }
     }
 
-    /// Runs the reservation script. `Ok(None)`: admitted and recorded under `id`.
+    /// Runs the reservation script; when admitted, the reservation is recorded under `id`.
     pub(crate) async fn reserve(
         &self,
         id: &str,
         asks: &[Ask<'_>],
         ttl: Duration,
         wall: DateTime<Utc>,
-    ) -> Result<Option<Refused>, StoreError> {
+    ) -> Result<Reply, StoreError> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let mut inv = self.reserve.prepare_invoke();
         let head = [asks.len().to_string(), id.to_owned(), ttl_ms.to_string()];
         self.push_buckets(&mut inv, &self.record_key(id), asks, &head, wall);
         let reply: Vec<i64> = self.run(&inv).await?;
         match reply.as_slice() {
-            [1] => Ok(None),
-            [0, index, wait_kind, wait_us, limit, remaining, reset_us] => Ok(Some(Refused {
-                index: usize::try_from(*index - 1).unwrap_or(0),
-                wait_kind: *wait_kind,
-                wait_us: *wait_us,
-                limit: *limit,
-                remaining: *remaining,
-                reset_us: *reset_us,
-            })),
+            [1, figures @ ..] if figures.len() == 3 * asks.len() => Ok(Reply::Admitted(
+                figures
+                    .chunks_exact(3)
+                    .map(|f| RateFigures {
+                        limit: u64::try_from(f[0]).unwrap_or(0),
+                        remaining: u64::try_from(f[1]).unwrap_or(0),
+                        reset_after: Duration::from_micros(u64::try_from(f[2]).unwrap_or(0)),
+                    })
+                    .collect(),
+            )),
+            [0, index, wait_kind, wait_us, limit, remaining, reset_us] => {
+                Ok(Reply::Refused(Refused {
+                    index: usize::try_from(*index - 1).unwrap_or(0),
+                    wait_kind: *wait_kind,
+                    wait_us: *wait_us,
+                    limit: *limit,
+                    remaining: *remaining,
+                    reset_us: *reset_us,
+                }))
+            }
             other => Err(StoreError::Reply(format!("reserve answered {other:?}"))),
         }
     }

@@ -32,6 +32,10 @@ async fn settlement_rules(store: &QuotaStore) {
     let all = [itok.clone(), reqs.clone(), slots.clone()];
 
     let t = store.reserve(&all, input(1_000), TTL).await.unwrap();
+    // Headers of the success: input 9,000/10,000 is tighter than requests 999/1,000, and
+    // the concurrency bucket is not reported.
+    let (pos, fig) = t.tightest().unwrap();
+    assert_eq!((pos, fig.limit, fig.remaining), (0, 10_000, 9_000));
     assert_eq!(remaining(store, &itok).await, 9_000);
     assert_eq!(remaining(store, &slots).await, 0);
     store.reconcile(t, used_input(400)).await;

@@ -2,7 +2,8 @@
 -- (state hash fields for token and window buckets, sorted-set keys for concurrency).
 -- ARGV[1] n, ARGV[2] reservation id, ARGV[3] ttl (ms), then n groups of GROUP arguments.
 -- Every bucket is checked first; all are debited only when all have room.
--- Returns {1} when admitted, or {0, binding index (1-based), wait kind, wait us, limit,
+-- Returns {1, then limit, remaining, reset us of every bucket after the debit} when admitted
+-- (the caller picks its tightest bucket for the response headers), or {0, binding index (1-based), wait kind, wait us, limit,
 -- remaining, reset us} for the binding bucket: never > longest time wait > on release.
 local n, rid, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local now = now_us()
@@ -35,9 +36,17 @@ for i = 1, n do
   else
     -- No TTL needed: Redis deletes a sorted set when its last member is removed or pruned.
     redis.call('ZADD', s.key, expiry, rid)
+    s.held = s.held + 1
   end
   record[i] = string.format('%d:%d', amt, epoch)
 end
 save_all(KEYS[2], states, n)
 redis.call('SET', KEYS[1], table.concat(record, ','), 'PX', ttl)
-return { 1 }
+local out = { 1 }
+for i = 1, n do
+  local limit, remaining, reset = figures(states[i], now)
+  out[#out + 1] = limit
+  out[#out + 1] = remaining
+  out[#out + 1] = reset
+end
+return out
