@@ -2,7 +2,10 @@
 //! settle through [`QuotaStore`] (mutex, key lookups, ticket) on top of core's ledger, which
 //! alone does reserve + reconcile over five buckets in 163 ns (crates/core/benches/quota.rs).
 //! Issue 5's target: ≥ 1,000,000 reserve + reconcile pairs per second on one core (≤ 1 µs).
-//! Run: `cargo bench -p switchyard-store --bench store`. Figures: docs/broker.md, "Store".
+//! Run: `cargo bench -p switchyard-store --bench store`. Measured 2026-11-30 on the shared
+//! 2-core build machine: reserve + reconcile 699 ns (≈ 1.4 million pairs per second; core
+//! alone 171 ns in the same run conditions), reserve + drop 569 ns, refusal 248 ns, the
+//! `block_on` harness 4 ns. More in docs/broker.md, "Store".
 
 // A failed setup must abort the benchmark rather than time an error path.
 #![allow(clippy::unwrap_used)]
