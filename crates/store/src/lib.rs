@@ -41,7 +41,9 @@
 //! `R · ⌈C / s⌉ · (1 + t / P)`. Concurrency: at most `R · ⌈L / s⌉` local slots plus the Redis
 //! slots still held when the outage began. Tickets issued by Redis and settled during the
 //! outage are not credited back (their estimate stays charged, their slots expire with the
-//! TTL); fallback tickets settle against the local ledger even after Redis returns.
+//! TTL); fallback tickets settle against the local ledger even after Redis returns. A reservation
+//! that timed out may still be applied by a slow Redis: its slots free themselves at the TTL and
+//! its estimate stays charged, so a timeout errs on the side of the limit.
 //!
 //! **Shared signals (field case 8).** Retry-After pauses and open breakers are deadlines in one
 //! Redis hash that only ever move later (a shorter pause never shortens a longer one, field
