@@ -292,6 +292,7 @@ def wiring(docs):
         assert op_args[0] == "operator" and router_args[0] == "router", (op_args, router_args)
         assert f"--router-service={svc['metadata']['name']}" in op_args, op_args
         assert f"--lease-name={RELEASE}-operator" in op_args, op_args
+        assert f"--router-port-name={svc['spec']['ports'][0]['name']}" in op_args, op_args
         sel = svc["spec"]["selector"]
         labels = router["spec"]["template"]["metadata"]["labels"]
         assert all(labels.get(k) == v for k, v in sel.items()), "Service selects no router pod"
@@ -341,6 +342,7 @@ def main() -> int:
         "ha": ha,
         "ha-without-hpa": merged(ha, {"router": {"autoscaling": {"enabled": False}}}),
         "all-namespaces": {"watch": {"allNamespaces": True}},
+        "redis-from-secret": merged(ha, {"router": {"redis": {"existingSecret": {"name": "switchyard-redis"}}}}),
         "other-namespace-no-crds": {
             "watch": {"namespace": "llm"},
             "crds": {"install": False},
@@ -411,7 +413,21 @@ def main() -> int:
         (local,) = [r for r in objects(docs, "Role") if r["metadata"]["name"].endswith("-local")]
         assert local["metadata"]["namespace"] == NAMESPACE
 
+    def router_env(docs):
+        c = one(docs, "Deployment", "router")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e for e in c["env"]}
+
+    def redis_shared():
+        assert "SWITCHYARD_REDIS_URL" not in router_env(rendered["default"]), "Redis without a URL"
+        env = router_env(rendered["redis-from-secret"])
+        ref = env["SWITCHYARD_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "switchyard-redis", "key": "url"}, ref
+        # With the HPA, the fallback share is 1/maxReplicas: the replicas never exceed a limit.
+        assert env["SWITCHYARD_REPLICAS"]["value"] == "12", env["SWITCHYARD_REPLICAS"]
+        assert env["SWITCHYARD_REDIS_TIMEOUT"]["value"] == "100ms"
+
     for name, fn in [
+        ("redis: URL from a Secret, local share 1/maxReplicas under the HPA", redis_shared),
         ("default: no HPA, PDB, NetworkPolicy or ServiceMonitor; 1 operator, 2 routers", default_is_minimal),
         ("ha: HPA from 3 routers, 2 operators, PDBs, NetworkPolicies, ServiceMonitors", ha_shape),
         ("ha without HPA: Deployment of 3 routers", ha_without_hpa_three_routers),
@@ -427,6 +443,7 @@ def main() -> int:
         ("readOnlyRootFilesystem: false", {"securityContext": {"readOnlyRootFilesystem": False}}),
         ("runAsNonRoot: false", {"podSecurityContext": {"runAsNonRoot": False}}),
         ("a bad pull policy", {"image": {"pullPolicy": "Sometimes"}}),
+        ("a Redis URL that is not redis://", {"router": {"redis": {"url": "http://redis:6379"}}}),
     ]:
         def rejects(bad=bad):
             try:
