@@ -16,8 +16,7 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 use switchyard_router::estimate::{
-    EstimateParams, clear_memo, count_tokens, estimate_openai_chat, openai_chat_input_tokens,
-    warm_up,
+    EstimateParams, count_tokens, estimate_openai_chat, openai_chat_input_tokens, warm_up,
 };
 use switchyard_router::wire::openai::{ChatRequest, MessageContent};
 use switchyard_router::wire::usage::Pricing;
@@ -50,6 +49,8 @@ fn request_json() -> serde_json::Value {
             {"role": "assistant", "content": "Order 48213 left the Antwerp hub on 2026-11-23 at 14:20 and has been held at customs in Rotterdam since 2026-11-24 09:40, because the commercial invoice is missing the HS code for line 3 (industrial fasteners). Once the code is supplied, release normally takes 4 to 8 hours."},
             {"role": "user", "content": "OK. The HS code is 7318.15.90. Can you add it, and also tell me whether invoice INV-2209 for the same order has been paid? Our finance team says they wired 12,480.00 EUR on the 3rd."},
             {"role": "assistant", "content": "I have attached HS code 7318.15.90 to line 3 of order 48213 and resubmitted the invoice to customs. Invoice INV-2209 shows a payment of 12,480.00 EUR received on 2026-11-04, matched and closed, so nothing is outstanding on that order."},
+            {"role": "user", "content": "Perfect. For the record, the customs broker at Rotterdam asked us last time to send HS codes in the eight-digit format with dots, which is what I gave you. Please also note on the account that invoices for Lyon deliveries should go to accounts.lyon@example.com from now on."},
+            {"role": "assistant", "content": "Noted: HS codes in the eight-digit dotted format for the Rotterdam broker, and invoices for Lyon deliveries will be sent to accounts.lyon@example.com from now on. The change applies to invoices issued after today; earlier ones keep their original recipient."},
             {"role": "user", "content": LAST_TURN}
         ],
         "tools": [
@@ -104,13 +105,32 @@ fn bench_estimate(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("estimate_chat_4kb");
     g.throughput(Throughput::Bytes(body.len() as u64));
-    // Nothing memoised: every segment is tokenized (a request unlike any seen before).
+    // Nothing memoised: every message and tool description starts with a number unique to the
+    // iteration, so every segment misses the memo (which stays full of earlier iterations', as
+    // in a busy router) and is tokenized.
+    let mut unique = 0u64;
     g.bench_function("estimate_openai_chat_cold", |b| {
-        b.iter_batched(
-            clear_memo,
-            |()| estimate_openai_chat(black_box(&req), &params),
-            // The memo is cleared before every single iteration, not once per batch.
-            BatchSize::PerIteration,
+        b.iter_batched_ref(
+            || {
+                unique += 1;
+                let mut fresh = req.clone();
+                for m in &mut fresh.messages {
+                    if let Some(MessageContent::Text(t)) = &mut m.content {
+                        *t = format!("{unique} {t}");
+                    }
+                }
+                for tool in fresh.tools.iter_mut().flatten() {
+                    if let Some(f) = &mut tool.function {
+                        f.description = Some(format!(
+                            "{unique} {}",
+                            f.description.as_deref().unwrap_or("")
+                        ));
+                    }
+                }
+                fresh
+            },
+            |fresh| estimate_openai_chat(black_box(fresh), &params),
+            BatchSize::SmallInput,
         )
     });
     // The next turn of a conversation: system prompt, tools and history seen before, the last
