@@ -6,7 +6,7 @@
 //! model: Claude's tokenizer is not public and Gemini's differs, so for them `o200k_base` is a
 //! documented approximation that the per-route [`Calibration`] (in `switchyard-core`) corrects
 //! from the usage providers report. The vocabulary is loaded once per process, lazily
-//! ([`warm_up`] forces it at start-up, ~60 ms and ~50 MB).
+//! ([`warm_up`] forces it at start-up: 70–150 ms here, ~72 MB resident).
 //!
 //! **Speed.** A 4 KB chat request must be estimated in ≤ 20 µs (issue 5). Both tiktoken-rs and
 //! `bpe-openai` spend most of their time outside the BPE proper: in the pre-tokenisation regex
@@ -897,6 +897,23 @@ mod tests {
             diff,
             OPENAI_CHAT_OVERHEADS.per_tool + count_tokens(&serde_json::to_string(&schema).unwrap())
         );
+    }
+
+    #[test]
+    fn estimate_openai_unknown_part_counts_text_members_not_payloads() {
+        let req = chat(
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": "UklGRiQAAABXQVZFZm10IBAAAAABAAEA", "format": "wav"}},
+                {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0x", "filename": "report"}}
+            ]}]}),
+        );
+        // Framing 3 + 3 + 1, then "input_audio", "wav", "file", "report" and the part types.
+        let expected = 7
+            + count_tokens("input_audio")
+            + count_tokens("wav")
+            + count_tokens("file")
+            + count_tokens("report");
+        assert_eq!(openai_chat_input_tokens(&req), expected);
     }
 
     #[test]
