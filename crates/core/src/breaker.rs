@@ -246,6 +246,24 @@ impl CircuitBreaker {
         }
     }
 
+    /// Opens the circuit until `until` because another replica's breaker opened (state shared
+    /// through the quota store, field case 8). Never shortens an open circuit, and a moment
+    /// already past changes nothing. After `until` the circuit turns half-open as usual, so
+    /// this replica sends its own trial before trusting the provider again. Not counted in
+    /// [`trips`](Self::trips) (the trip was the other replica's).
+    pub fn force_open(&mut self, until: Instant, now: Instant) {
+        if until <= now {
+            return;
+        }
+        match self.inner {
+            Inner::Open { until: current } if current >= until => {}
+            _ => {
+                self.last_cooldown = until.saturating_since(now).max(self.cfg.cooldown);
+                self.inner = Inner::Open { until };
+            }
+        }
+    }
+
     /// The state at `now`. An open circuit whose cooldown has elapsed reports `HalfOpen` (the
     /// transition itself happens on the next [`try_acquire`](Self::try_acquire)).
     pub fn state(&self, now: Instant) -> BreakerState {
@@ -498,6 +516,29 @@ mod tests {
         run(
             cfg,
             &[Fail(0), Ok(10), Fail(20), State(20, open_until(5_000))],
+        );
+    }
+
+    #[test]
+    fn force_open_extends_never_shortens_then_half_opens() {
+        let cfg = BreakerConfig::default();
+        let mut b = CircuitBreaker::new(cfg);
+        let t0 = Instant::from_millis(1_000);
+        b.force_open(t0 + Duration::from_secs(10), t0);
+        assert_eq!(
+            b.state(t0),
+            BreakerState::Open {
+                until: t0 + Duration::from_secs(10)
+            }
+        );
+        b.force_open(t0 + Duration::from_secs(5), t0);
+        assert!(!b.try_acquire(t0 + Duration::from_secs(6)));
+        b.force_open(t0, t0);
+        assert_eq!(b.trips(), 0);
+        assert!(b.try_acquire(t0 + Duration::from_secs(10)));
+        assert_eq!(
+            b.state(t0 + Duration::from_secs(10)),
+            BreakerState::HalfOpen
         );
     }
 }

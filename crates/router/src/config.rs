@@ -14,19 +14,39 @@ use switchyard_api::duration;
 use switchyard_api::loader::Manifests;
 use switchyard_api::policy::{FallbackErrorClass, ServiceType, Strategy};
 use switchyard_api::provider::{Modality, ProviderApi};
-use switchyard_api::{LLMProvider, RoutingPolicy, SecretKeyRef, TenantQuota};
+use switchyard_api::tenant::OverloadAction;
+use switchyard_api::{
+    LLMProvider, Limit, LimitDimension, LimitRule, RoutingPolicy, SecretKeyRef, TenantQuota,
+};
 use switchyard_core::availability::ControllerConfig;
 use switchyard_core::breaker::BreakerConfig;
 use switchyard_core::classify::ErrorClass;
+use switchyard_core::quota::{BucketSpec, Dimension, Rule, Scope};
 
 use crate::upstream::{ProviderEndpoint, ProviderKind, UpstreamClient};
 use crate::wire::usage::Pricing;
 
-/// Where `secretRef`s are resolved in standalone mode.
+/// Where `secretRef`s are resolved: Secrets held in memory (Kubernetes mode, from the
+/// reflector), then environment variables, then files (standalone mode).
 #[derive(Debug, Clone, Default)]
 pub struct SecretSource {
     /// Folder holding `<secret-name>/<key>` files; environment variables are tried first.
     pub dir: Option<PathBuf>,
+    /// Secrets read from the cluster, consulted first when present.
+    pub memory: Option<Arc<InMemorySecrets>>,
+}
+
+/// Secret values held in memory, keyed by namespace and Secret name, then by data key.
+/// `Debug` prints names only, never values.
+#[derive(Clone, Default)]
+pub struct InMemorySecrets(pub BTreeMap<(String, String), BTreeMap<String, String>>);
+
+impl std::fmt::Debug for InMemorySecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set()
+            .entries(self.0.keys().map(|(ns, name)| format!("{ns}/{name}")))
+            .finish()
+    }
 }
 
 impl SecretSource {
@@ -35,6 +55,20 @@ impl SecretSource {
     pub fn env_name(r: &SecretKeyRef) -> String {
         let clean = |s: &str| s.to_ascii_uppercase().replace(['-', '.'], "_");
         format!("SWITCHYARD_SECRET_{}_{}", clean(&r.name), clean(&r.key))
+    }
+
+    /// [`Self::resolve`] for a reference made from `namespace`: the in-memory Secrets first
+    /// (a Secret that exists there but lacks the key is an error, not a fall-through).
+    pub fn resolve_in(&self, namespace: &str, r: &SecretKeyRef) -> Result<String, String> {
+        if let Some(memory) = &self.memory
+            && let Some(data) = memory.0.get(&(namespace.to_owned(), r.name.clone()))
+        {
+            return data
+                .get(&r.key)
+                .map(|v| v.trim().to_owned())
+                .ok_or_else(|| format!("secret {namespace}/{} has no key {:?}", r.name, r.key));
+        }
+        self.resolve(r)
     }
 
     /// The secret's value, trimmed of surrounding whitespace, or a message saying where it
@@ -96,6 +130,10 @@ pub struct ProviderConfig {
     pub pause_scopes: Vec<String>,
     /// Circuit-breaker settings.
     pub breaker: BreakerConfig,
+    /// Active health probes, when `healthCheck.enabled` (see [`crate::probe::plan`]).
+    pub probes: Option<Arc<crate::probe::ProbePlan>>,
+    /// Provider-side quota buckets: its own limits and its quota groups' (shared by key).
+    pub buckets: Vec<Arc<BucketSpec>>,
     /// Metadata generation the config was built from.
     pub generation: Option<i64>,
 }
@@ -170,8 +208,21 @@ pub struct Route {
     pub default_max_tokens: u32,
     /// Regions requests may execute in (empty = any).
     pub allowed_regions: Vec<String>,
+    /// Route-wide quota buckets (every tenant's requests on this route share them).
+    pub buckets: Vec<Arc<BucketSpec>>,
     /// Metadata generation the config was built from.
     pub generation: Option<i64>,
+}
+
+/// A tenant's queue settings (TenantQuota `queue`); `max_depth` 0 means no queueing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// Most entries of this tenant waiting at once.
+    pub max_depth: usize,
+    /// Longest wait in the queue.
+    pub deadline: Duration,
+    /// Shed the oldest waiting entry instead of refusing the new one when full.
+    pub shed_oldest: bool,
 }
 
 /// One tenant.
@@ -189,6 +240,15 @@ pub struct Tenant {
     pub generation: Option<i64>,
     /// Keys that did not resolve, with the reason (reported in status).
     pub key_problems: Vec<String>,
+    /// Quota buckets of the tenant and every ancestor (DESIGN §4.7: the hierarchy is part of
+    /// every reservation).
+    pub buckets: Vec<Arc<BucketSpec>>,
+    /// Workload class (`interactive`, `production`, `batch`, ...).
+    pub class: String,
+    /// Fair-share weight within its class (≥ 1).
+    pub weight: u32,
+    /// Queue settings.
+    pub queue: QueueSettings,
 }
 
 impl Tenant {
@@ -217,6 +277,10 @@ pub struct RoutingTable {
     pub auth_required: bool,
     /// Problems found while building (shown by the standalone command and in status).
     pub warnings: Vec<String>,
+    /// Revision of the configuration this table was built from, when the source has one
+    /// (Kubernetes mode: a hash of the objects' uids and generations and of the referenced
+    /// Secrets' resourceVersions), so replicas can be compared.
+    pub revision: Option<String>,
 }
 
 /// SHA-256 of an API key, the only form in which keys are held.
@@ -359,7 +423,7 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
         )),
     };
     let api_key = match &spec.credentials {
-        Some(c) => secrets.resolve(&c.secret_ref),
+        Some(c) => secrets.resolve_in(&namespace, &c.secret_ref),
         None => Ok(String::new()),
     };
     let client = kind.and_then(|kind| {
@@ -384,6 +448,20 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
         breaker_cfg.half_open_trials = n;
     }
     let key = format!("{namespace}/{name}");
+    let mut buckets = Vec::new();
+    for (i, limit) in spec.limits.iter().enumerate() {
+        let (bucket_key, scope) = match &limit.quota_group {
+            Some(group) => (
+                format!("group/{namespace}/{group}/{}", limit_id(limit, i)),
+                Scope::QuotaGroup(format!("{namespace}/{group}")),
+            ),
+            None => (
+                format!("provider/{key}/{}", limit_id(limit, i)),
+                Scope::Provider(key.clone()),
+            ),
+        };
+        buckets.push(Arc::new(bucket_spec(limit, bucket_key, scope)));
+    }
     let mut pause_scopes = vec![key.clone()];
     for group in spec.limits.iter().filter_map(|l| l.quota_group.as_ref()) {
         let scope = format!("group:{namespace}/{group}");
@@ -420,7 +498,64 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
         execution_regions,
         pause_scopes,
         breaker: breaker_cfg,
+        probes: crate::probe::plan(spec).map(Arc::new),
+        buckets,
         generation: p.metadata.generation,
+    }
+}
+
+/// A limit's stable id within its resource: its name, else its position and dimension.
+fn limit_id(limit: &Limit, index: usize) -> String {
+    match &limit.name {
+        Some(name) => name.clone(),
+        None => format!("{index}-{}", dimension(limit.dimension).label()),
+    }
+}
+
+fn dimension(d: LimitDimension) -> Dimension {
+    match d {
+        LimitDimension::Requests => Dimension::Requests,
+        LimitDimension::InputTokens => Dimension::InputTokens,
+        LimitDimension::OutputTokens => Dimension::OutputTokens,
+        LimitDimension::TotalTokens => Dimension::TotalTokens,
+        LimitDimension::Concurrency => Dimension::Concurrency,
+        LimitDimension::SpendMicroUsd => Dimension::SpendMicroUsd,
+    }
+}
+
+/// A CRD limit as a ledger bucket. The loader has validated the limit (CEL: periods, reset
+/// times, time zones), so unparsable parts fall back to the documented defaults: one minute
+/// for a token bucket, a day for a window, UTC.
+pub fn bucket_spec(limit: &Limit, key: String, scope: Scope) -> BucketSpec {
+    let period = limit.period.as_deref().and_then(duration::parse);
+    let rule = match limit.rule {
+        LimitRule::TokenBucket => Rule::TokenBucket {
+            capacity: limit.amount,
+            period: period.unwrap_or(Duration::from_secs(60)),
+        },
+        LimitRule::FixedWindow => Rule::FixedWindow {
+            capacity: limit.amount,
+            period: period.unwrap_or(Duration::from_secs(86_400)),
+            reset_at: limit.reset_at.as_deref().and_then(|t| {
+                let (h, m) = t.split_once(':')?;
+                Some((h.parse().ok()?, m.parse().ok()?))
+            }),
+            tz: limit
+                .time_zone
+                .as_deref()
+                .and_then(|z| z.parse().ok())
+                .unwrap_or(chrono_tz::UTC),
+        },
+        LimitRule::Concurrency => Rule::Concurrency {
+            limit: limit.amount,
+        },
+    };
+    BucketSpec {
+        key,
+        scope,
+        dimension: dimension(limit.dimension),
+        rule,
+        count_cached_input: limit.count_cached_input.unwrap_or(true),
     }
 }
 
@@ -432,6 +567,18 @@ fn build_route(
     let namespace = policy.namespace().unwrap_or_else(|| "default".to_owned());
     let name = policy.name_any();
     let spec = &policy.spec;
+    let buckets = spec
+        .limits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            Arc::new(bucket_spec(
+                l,
+                format!("route/{namespace}/{name}/{}", limit_id(l, i)),
+                Scope::Route(format!("{namespace}/{name}")),
+            ))
+        })
+        .collect();
     let fallback = spec.fallback.clone().unwrap_or_default();
     let affinity = spec.affinity.clone().unwrap_or_default();
     let availability = spec.availability.clone().unwrap_or_default();
@@ -517,6 +664,7 @@ fn build_route(
         deadline: duration::or(spec.deadline.as_deref(), Duration::from_secs(60)),
         default_max_tokens: spec.default_max_tokens.unwrap_or(4096),
         allowed_regions: spec.allowed_regions.clone(),
+        buckets,
         generation: policy.metadata.generation,
     }
 }
@@ -530,11 +678,20 @@ fn build_tenant(
     let name = t.name_any();
     let mut allowed_routes = Vec::new();
     let mut allowed_regions = Vec::new();
+    let mut buckets = Vec::new();
     let mut current = Some(t);
     let mut hops = 0;
     while let Some(node) = current {
         allowed_routes.push(node.spec.allowed_routes.clone());
         allowed_regions.push(node.spec.allowed_regions.clone());
+        let node_key = format!("{namespace}/{}", node.name_any());
+        for (i, l) in node.spec.limits.iter().enumerate() {
+            buckets.push(Arc::new(bucket_spec(
+                l,
+                format!("tenant/{node_key}/{}", limit_id(l, i)),
+                Scope::Tenant(node_key.clone()),
+            )));
+        }
         hops += 1;
         // The loader refuses cycles; the bound guards hand-built input.
         if hops > by_name.len() {
@@ -549,7 +706,7 @@ fn build_tenant(
     let mut keys = Vec::new();
     let mut key_problems = Vec::new();
     for k in &t.spec.api_keys {
-        match secrets.resolve(&k.secret_ref) {
+        match secrets.resolve_in(&namespace, &k.secret_ref) {
             Ok(v) if !v.is_empty() => keys.push(v),
             Ok(_) => key_problems.push(format!("API key {:?} is empty", k.name)),
             Err(e) => key_problems.push(format!("API key {:?}: {e}", k.name)),
@@ -565,6 +722,21 @@ fn build_tenant(
             .collect(),
         generation: t.metadata.generation,
         key_problems,
+        buckets,
+        class: t
+            .spec
+            .workload_class
+            .clone()
+            .unwrap_or_else(|| "production".to_owned()),
+        weight: t.spec.weight.unwrap_or(1).max(1),
+        queue: {
+            let q = t.spec.queue.clone().unwrap_or_default();
+            QueueSettings {
+                max_depth: q.max_depth.unwrap_or(0) as usize,
+                deadline: duration::or(q.deadline.as_deref(), Duration::from_secs(30)),
+                shed_oldest: q.overload_action == Some(OverloadAction::ShedOldest),
+            }
+        },
     };
     (tenant, keys)
 }

@@ -24,6 +24,7 @@ use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 use switchyard_api::policy::Strategy;
 use switchyard_api::provider::Modality;
+use switchyard_core::breaker::BreakerState;
 use switchyard_core::classify::{
     Classification, ErrorClass, TransportFailure, classify_response, classify_stream_error_at,
     classify_transport,
@@ -31,15 +32,19 @@ use switchyard_core::classify::{
 use switchyard_core::pause::{
     Admission, AttemptContext, PausePolicy, RetryDecision, RetryPolicy, next_attempt,
 };
+use switchyard_core::queue::QueueReason;
+use switchyard_core::quota::{RateFigures, Refusal, Scope, Wait};
+use switchyard_store::Ticket;
 use tracing::Instrument;
 
+use crate::broker::{self, Broker};
 use crate::config::{ProviderConfig, Route, Tenant};
 use crate::server::App;
 use crate::state::{Live, ProviderState, lock};
 use crate::upstream::{Operation, ProviderKind, TransportError, UpstreamResponse};
 use crate::wire::sse::{SseItem, SseParser, encode_item};
 use crate::wire::translate::{self, RequestOptions, StreamTranslator};
-use crate::wire::usage::NormalizedUsage;
+use crate::wire::usage::{NormalizedUsage, Pricing, UsageSource};
 use crate::wire::{
     Dialect, anthropic, classify as stream_classify, error_body, error_event, openai,
 };
@@ -158,9 +163,14 @@ pub struct ClientRequest {
     pub request_id: String,
     /// Modalities the provider's model must handle.
     pub modalities: Vec<Modality>,
-    /// Rough input-token estimate (request bytes / 4) used only when a provider reports no
-    /// usage; the quota broker's tokenizer-based estimate replaces it.
+    /// Input-token estimate: reserved before sending, and charged when a provider reports no
+    /// usage.
     pub estimated_input_tokens: u64,
+    /// Output tokens reserved: the request's `max_tokens`/`max_completion_tokens`, else the
+    /// route's default (0 for embeddings and rerank).
+    pub output_allowance: u64,
+    /// The whole estimate (raw tokenizer count included, for the route's calibration).
+    pub estimate: crate::estimate::Estimate,
 }
 
 /// An error shown to the client in its own dialect.
@@ -174,6 +184,8 @@ pub struct ApiError {
     pub message: String,
     /// `Retry-After`, when waiting helps.
     pub retry_after: Option<Duration>,
+    /// The quota refusal behind this error, when a bucket refused (the request may queue).
+    pub quota: Option<Box<Refusal>>,
 }
 
 impl ApiError {
@@ -184,6 +196,44 @@ impl ApiError {
             code: code.to_owned(),
             message: message.into(),
             retry_after: None,
+            quota: None,
+        }
+    }
+
+    /// A 429 for a bucket's refusal: the reason code, `Retry-After` no shorter than the wait
+    /// the binding bucket named (one second when a concurrency slot must free first), and, for
+    /// the caller's own buckets only, the bucket's figures in the `x-ratelimit-*` headers.
+    pub fn quota(refusal: Box<Refusal>) -> Self {
+        let message = match refusal.wait {
+            Wait::Never => format!(
+                "the request needs {} {} but the limit {} holds at most {}; it can never be admitted",
+                refusal.demanded,
+                refusal.dimension.label(),
+                refusal.reason,
+                refusal.figures.limit
+            ),
+            _ if refusal.scope.is_provider_side() => {
+                "every provider of this route is at its rate limit; retry after the indicated time"
+                    .to_owned()
+            }
+            _ => format!(
+                "rate limit {} reached ({} of {} {} left); retry after the indicated time",
+                refusal.reason,
+                refusal.figures.remaining,
+                refusal.figures.limit,
+                refusal.dimension.label()
+            ),
+        };
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: refusal.reason.clone(),
+            message,
+            retry_after: match refusal.wait {
+                Wait::After(d) => Some(d),
+                Wait::OnRelease => Some(Duration::from_secs(1)),
+                Wait::Never => None,
+            },
+            quota: Some(refusal),
         }
     }
 
@@ -207,8 +257,24 @@ impl ApiError {
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
+        if let Some(r) = &self.quota
+            && matches!(r.scope, Scope::Tenant(_) | Scope::ApiKey(_))
+        {
+            // Only the caller's own bucket is shown; provider capacity is shared with other
+            // tenants and says nothing about this caller.
+            ratelimit_headers(headers, &r.figures);
+        }
         response
     }
+}
+
+/// Writes `x-ratelimit-limit`, `x-ratelimit-remaining` and `x-ratelimit-reset` (seconds until
+/// the bucket is full again or its window resets, rounded up).
+pub fn ratelimit_headers(headers: &mut http::HeaderMap, f: &RateFigures) {
+    let reset = f.reset_after.as_secs() + u64::from(f.reset_after.subsec_nanos() > 0);
+    headers.insert("x-ratelimit-limit", HeaderValue::from(f.limit));
+    headers.insert("x-ratelimit-remaining", HeaderValue::from(f.remaining));
+    headers.insert("x-ratelimit-reset", HeaderValue::from(reset));
 }
 
 /// When one attempt must end: its own share of the time, and the request's deadline.
@@ -240,10 +306,77 @@ struct AttemptGuard {
     provider: usize,
     started: tokio::time::Instant,
     done: bool,
+    quota: Option<Reserved>,
+    /// What was really used so far, for a settle when the client goes away mid-stream.
+    partial: Option<NormalizedUsage>,
+}
+
+/// A reservation held by an attempt, with what settling it needs.
+struct Reserved {
+    ticket: Ticket,
+    pricing: Pricing,
+    /// The input estimate, charged when the provider reports nothing.
+    estimated_input: u64,
+    /// The tenant charged (`namespace/name`), for the charge metric.
+    tenant: Option<String>,
+    /// The request's estimate and route, to calibrate the route's estimates.
+    estimate: crate::estimate::Estimate,
+    route: Arc<Route>,
+}
+
+impl Reserved {
+    /// Reconciles with `usage` (the estimate when the provider reported none).
+    fn settle_success(self, app: &App, usage: Option<&NormalizedUsage>) {
+        let fallback = NormalizedUsage::estimated(self.estimated_input.max(1), 0);
+        let usage = usage.unwrap_or(&fallback);
+        self.record(app, usage);
+        if usage.source != UsageSource::Estimated
+            && let Some(error) =
+                app.calibrations
+                    .settle(&self.route.key, &self.estimate, usage.input_total())
+        {
+            app.metrics.estimation_error.observe(error.abs());
+        }
+        app.broker.reconcile(self.ticket, usage, self.pricing);
+    }
+
+    /// Releases after the client went away, charging `used`.
+    fn settle_abandoned(self, app: &App, used: &NormalizedUsage) {
+        self.record(app, used);
+        app.broker.release(self.ticket, used, self.pricing);
+    }
+
+    /// Cancels: nothing was used.
+    fn settle_unused(self, app: &App) {
+        app.broker.cancel(self.ticket);
+    }
+
+    /// Adds what the tenant is charged to `switchyard_tenant_charged`.
+    fn record(&self, app: &App, u: &NormalizedUsage) {
+        let Some(tenant) = &self.tenant else {
+            return;
+        };
+        let spend = broker::ledger_usage(u, self.pricing).spend_micro_usd;
+        for (kind, n) in [
+            ("input_uncached", u.input_uncached),
+            ("cache_read", u.cache_read),
+            ("cache_write", u.cache_write),
+            ("output", u.output),
+            ("spend_micro_usd", spend),
+        ] {
+            app.metrics
+                .tenant_charged
+                .get_or_create(&crate::metrics::TenantCharge {
+                    tenant: tenant.clone(),
+                    kind: kind.to_owned(),
+                })
+                .inc_by(n);
+        }
+    }
 }
 
 impl AttemptGuard {
-    fn start(app: &Arc<App>, live: &Arc<Live>, provider: usize) -> Self {
+    fn start(app: &Arc<App>, live: &Arc<Live>, provider: usize, quota: Option<Reserved>) -> Self {
         let state = &live.providers[provider];
         state.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         lock(&live.p2c).on_start(provider, app.clock.now());
@@ -257,6 +390,8 @@ impl AttemptGuard {
             provider,
             started: tokio::time::Instant::now(),
             done: false,
+            quota,
+            partial: None,
         }
     }
 
@@ -282,6 +417,9 @@ impl AttemptGuard {
     }
 
     fn succeed(mut self, usage: Option<&NormalizedUsage>) {
+        if let Some(q) = self.quota.take() {
+            q.settle_success(&self.app, usage);
+        }
         let now = self.app.clock.now();
         let elapsed = self.started.elapsed();
         self.state()
@@ -322,10 +460,28 @@ impl AttemptGuard {
     }
 
     fn fail(mut self, class: ErrorClass) {
+        if let Some(q) = self.quota.take() {
+            match &self.partial {
+                // Content reached the client before the failure: that much was used.
+                Some(used) => q.settle_success(&self.app, Some(used)),
+                None => q.settle_unused(&self.app),
+            }
+        }
         let now = self.app.clock.now();
         self.state().counters.error(class);
         if class.is_provider_side() {
-            lock(&self.state().breaker).on_failure(now);
+            let opened = {
+                let mut breaker = lock(&self.state().breaker);
+                let was_open = matches!(breaker.state(now), BreakerState::Open { .. });
+                breaker.on_failure(now);
+                match breaker.state(now) {
+                    BreakerState::Open { until } if !was_open => Some(until),
+                    _ => None,
+                }
+            };
+            if let Some(until) = opened {
+                crate::signals::publish_breaker_open(&self.app, &self.config().key, until);
+            }
         } else {
             lock(&self.state().breaker).on_cancel(now);
         }
@@ -348,6 +504,14 @@ impl Drop for AttemptGuard {
     fn drop(&mut self) {
         if self.done {
             return;
+        }
+        if let Some(q) = self.quota.take() {
+            // The client went away: charge what was really used — the prompt was sent, and
+            // whatever output was delivered (field case 17) — and free the slots.
+            let used = self
+                .partial
+                .unwrap_or_else(|| NormalizedUsage::estimated(q.estimated_input.max(1), 0));
+            q.settle_abandoned(&self.app, &used);
         }
         let now = self.app.clock.now();
         self.state()
@@ -407,9 +571,76 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
     );
     let dialect = req.op.dialect();
     let request_id = req.request_id.clone();
-    let result = run(&app, &live, route_index, &route, req)
-        .instrument(span.clone())
-        .await;
+    let start = app.clock.now();
+    let mut queued = false;
+    let mut queue_deadline: Option<switchyard_core::time::Instant> = None;
+    let mut result = match &req.tenant {
+        // Others are already waiting: take a turn behind them rather than the capacity they
+        // wait for (fair shares hold only if newcomers cannot jump the queue).
+        Some(tenant) if tenant.queue.max_depth > 0 && app.broker.has_waiting() => {
+            queued = true;
+            let deadline = (start + route.deadline).min(start + tenant.queue.deadline);
+            queue_deadline = Some(deadline);
+            let cost = req.estimated_input_tokens + req.output_allowance;
+            match wait_in_queue(&app, tenant, cost, deadline, None).await {
+                Ok(()) => {
+                    run(&app, &live, route_index, &route, &req, start)
+                        .instrument(span.clone())
+                        .await
+                }
+                Err(reason) => Err((queue_error(reason, tenant), None, 0)),
+            }
+        }
+        _ => {
+            run(&app, &live, route_index, &route, &req, start)
+                .instrument(span.clone())
+                .await
+        }
+    };
+    // Nobody had room: wait in the tenant's queue when it has one, then try again (step 6).
+    while let (Err((error, _, 0)), Some(tenant)) = (&result, &req.tenant) {
+        let Some(refusal) = error.quota.as_ref() else {
+            break;
+        };
+        if refusal.wait == Wait::Never || tenant.queue.max_depth == 0 {
+            break;
+        }
+        // The queue's deadline runs from the first time the request queued, however often it
+        // is woken and finds no room again.
+        let deadline = *queue_deadline.get_or_insert_with(|| {
+            (start + route.deadline).min(app.clock.now() + tenant.queue.deadline)
+        });
+        let cost = req.estimated_input_tokens + req.output_allowance;
+        queued = true;
+        let refill = refusal.retry_after();
+        match wait_in_queue(&app, tenant, cost, deadline, refill).await {
+            Ok(()) => {
+                result = run(&app, &live, route_index, &route, &req, start)
+                    .instrument(span.clone())
+                    .await;
+            }
+            Err(reason) => {
+                let code = reason.code();
+                if let Err((error, _, _)) = &mut result {
+                    error.message = format!("{} (queue: {code})", error.message);
+                    error.code = code.to_owned();
+                }
+                break;
+            }
+        }
+    }
+    let decision = match &result {
+        Err((e, _, _)) if e.quota.is_some() || e.code.starts_with("queue_") => Some(e.code.clone()),
+        _ if queued => Some("admitted_after_queue".to_owned()),
+        _ => None,
+    };
+    if let Some(outcome) = decision {
+        app.metrics
+            .quota_decisions
+            .get_or_create(&crate::metrics::QuotaOutcome { outcome })
+            .inc();
+    }
+
     let (mut response, provider, attempts, outcome) = match result {
         Ok((response, provider, attempts)) => {
             (response, Some(provider), attempts, "success".to_owned())
@@ -452,16 +683,51 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
 
 type RunResult = Result<(Response, String, u32), (ApiError, Option<String>, u32)>;
 
+/// Waits for a turn in the tenant's queue, with the queue metrics.
+async fn wait_in_queue(
+    app: &App,
+    tenant: &Tenant,
+    cost: u64,
+    deadline: switchyard_core::time::Instant,
+    refill_after: Option<Duration>,
+) -> Result<(), QueueReason> {
+    app.metrics.queue_depth.inc();
+    let waited = tokio::time::Instant::now();
+    let turn = app
+        .broker
+        .wait_turn(&app.clock, tenant, cost, deadline, refill_after)
+        .await;
+    app.metrics.queue_depth.dec();
+    app.metrics
+        .queue_wait
+        .observe(waited.elapsed().as_secs_f64());
+    turn
+}
+
+/// The error of a request refused by its queue before any reservation was tried.
+fn queue_error(reason: QueueReason, tenant: &Tenant) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        reason.code(),
+        format!(
+            "no capacity became free for this request while it waited in the {} queue",
+            tenant.class
+        ),
+    );
+    e.retry_after = Some(Duration::from_secs(1));
+    e
+}
+
 /// The attempt loop.
 async fn run(
     app: &Arc<App>,
     live: &Arc<Live>,
     route_index: usize,
     route: &Route,
-    req: ClientRequest,
+    req: &ClientRequest,
+    start: switchyard_core::time::Instant,
 ) -> RunResult {
     let clock = app.clock;
-    let start = clock.now();
     let deadline = start + route.deadline;
     let route_state = live.routes[route_index].clone();
     let tenant_regions: Vec<String> = req
@@ -581,6 +847,9 @@ async fn run(
     let mut skipped_wait: Option<Duration> = None;
     let mut consecutive_failures: u32 = 0;
     let mut stop_reason: Option<&'static str> = None;
+    let mut provider_refusal: Option<Box<Refusal>> = None;
+    let mut quota_refusal: Option<Box<Refusal>> = None;
+    let mut caller_figures: Option<RateFigures> = None;
 
     'providers: for (n, &pos) in order.iter().enumerate() {
         let rp = &route.providers[pos];
@@ -608,6 +877,60 @@ async fn run(
             if !lock(&state.breaker).try_acquire(now) {
                 continue 'providers;
             }
+            // Reserve (step 6): the tenant's, the route's and this provider's buckets, all or
+            // none. A provider without room is skipped without sending; a tenant or route
+            // without room stops the request (it may queue).
+            let reserved = if req.tenant.as_ref().is_none_or(|t| t.buckets.is_empty())
+                && route.buckets.is_empty()
+                && provider.buckets.is_empty()
+            {
+                None
+            } else {
+                let pricing = provider
+                    .models
+                    .get(&route.model)
+                    .and_then(|m| m.pricing)
+                    .unwrap_or_default();
+                let buckets = Broker::buckets(req.tenant.as_deref(), route, &provider);
+                let demand = broker::demand(
+                    req.estimated_input_tokens,
+                    req.output_allowance,
+                    Some(pricing),
+                );
+                match app.broker.reserve(&buckets, demand, route.deadline).await {
+                    Ok(ticket) => {
+                        // The caller's own tightest bucket after this debit, for the success
+                        // headers; shared (route, provider) buckets say nothing about the caller.
+                        caller_figures = ticket.tightest().and_then(|(pos, f)| {
+                            let b = buckets.get(pos)?;
+                            matches!(b.scope, Scope::Tenant(_) | Scope::ApiKey(_)).then_some(f)
+                        });
+                        Some(Reserved {
+                            ticket,
+                            pricing,
+                            estimated_input: req.estimated_input_tokens,
+                            tenant: req.tenant.as_ref().map(|t| t.key.clone()),
+                            estimate: req.estimate,
+                            route: live.table.routes[route_index].clone(),
+                        })
+                    }
+                    Err(refusal) => {
+                        lock(&state.breaker).on_cancel(clock.now());
+                        if refusal.scope.is_provider_side() {
+                            tracing::debug!(provider = %provider.key, bucket = %refusal.key, "provider has no room; skipped");
+                            let shorter = provider_refusal
+                                .as_ref()
+                                .is_none_or(|r| wait_key(refusal.wait) < wait_key(r.wait));
+                            if shorter {
+                                provider_refusal = Some(refusal);
+                            }
+                            continue 'providers;
+                        }
+                        quota_refusal = Some(refusal);
+                        break 'providers;
+                    }
+                }
+            };
             // Spill-over below the first choice is throttled whether the providers above were
             // tried and failed or skipped as paused or open (field case 2): an outage of the
             // primary must not topple the next one.
@@ -657,16 +980,20 @@ async fn run(
                 route,
                 rp.index,
                 &rp.upstream_model,
-                &req,
+                req,
                 AttemptDeadlines {
                     attempt: attempt_deadline,
                     request: deadline,
                 },
+                reserved,
             )
             .instrument(attempt_span)
             .await;
             match result {
-                Attempt::Served(response) => {
+                Attempt::Served(mut response) => {
+                    if let Some(f) = &caller_figures {
+                        ratelimit_headers(response.headers_mut(), f);
+                    }
                     if admission == Admission::Probe {
                         lock(&app.runtime.pauses).probe_succeeded(&scopes);
                     }
@@ -703,7 +1030,9 @@ async fn run(
                         // pause the provider and every quota group it shares (field case 2).
                         let shared = matches!(c.class, ErrorClass::Capacity | ErrorClass::Policy);
                         for scope in scopes.iter().take(if shared { scopes.len() } else { 1 }) {
-                            pauses.pause(scope, pause, now, c.class);
+                            let until = pauses.pause(scope, pause, now, c.class);
+                            // Every replica honours it, not just this one (field case 8).
+                            crate::signals::publish_pause(app, scope, until);
                         }
                     } else if admission == Admission::Probe {
                         // The provider answered without asking for a pause: the probe is over.
@@ -739,6 +1068,22 @@ async fn run(
                 }
             }
         }
+    }
+
+    // A bucket refused: the tenant's or route's, or every provider's before anything was
+    // sent (nobody has room: queue or reject, step 6).
+    if let Some(refusal) = quota_refusal {
+        return Err((ApiError::quota(refusal), last_provider, attempts));
+    }
+    if last.is_none()
+        && stop_reason.is_none()
+        && let Some(refusal) = provider_refusal
+    {
+        let mut e = ApiError::quota(refusal);
+        if let (Some(pause), Some(wait)) = (skipped_wait, e.retry_after) {
+            e.retry_after = Some(wait.min(pause));
+        }
+        return Err((e, last_provider, attempts));
     }
 
     // Nothing served: explain why, in the client's dialect (step 9).
@@ -800,6 +1145,15 @@ async fn run(
         }
     };
     Err((error, last_provider, attempts))
+}
+
+/// Orders waits from soonest to never: a slot release, then a known wait, then never.
+fn wait_key(w: Wait) -> (u8, Duration) {
+    match w {
+        Wait::OnRelease => (0, Duration::ZERO),
+        Wait::After(d) => (1, d),
+        Wait::Never => (2, Duration::MAX),
+    }
 }
 
 /// Whether any provider at these chain positions is not paused right now.
@@ -955,6 +1309,7 @@ fn unix_now(app: &App) -> u64 {
 }
 
 /// One upstream attempt.
+#[allow(clippy::too_many_arguments)]
 async fn attempt(
     app: &Arc<App>,
     live: &Arc<Live>,
@@ -963,10 +1318,18 @@ async fn attempt(
     model: &str,
     req: &ClientRequest,
     deadlines: AttemptDeadlines,
+    quota: Option<Reserved>,
 ) -> Attempt {
     let deadline = deadlines.request;
     let provider = &live.table.providers[provider_index];
+    // Nothing is sent on the early exits below: the reservation is credited back in full.
+    let unsent = |quota: Option<Reserved>| {
+        if let Some(q) = quota {
+            app.broker.cancel(q.ticket);
+        }
+    };
     let Ok(client) = provider.client.as_ref() else {
+        unsent(quota);
         return Attempt::Failed(Failure {
             classification: Classification::new(ErrorClass::Auth),
             status: None,
@@ -974,6 +1337,7 @@ async fn attempt(
     };
     let kind = client.endpoint().kind;
     let Some(op) = operation(req.op, kind) else {
+        unsent(quota);
         return Attempt::Failed(Failure {
             classification: Classification::new(ErrorClass::Request),
             status: None,
@@ -982,6 +1346,7 @@ async fn attempt(
     let body = match upstream_body(req, kind, model, route) {
         Ok(b) => b,
         Err(e) => {
+            unsent(quota);
             return Attempt::Failed(Failure {
                 classification: Classification {
                     message: Some(e.message),
@@ -992,7 +1357,7 @@ async fn attempt(
             });
         }
     };
-    let guard = AttemptGuard::start(app, live, provider_index);
+    let guard = AttemptGuard::start(app, live, provider_index, quota);
     let now = app.clock.now();
     let remaining = deadline.saturating_since(now);
     let streaming = req.stream && matches!(req.op, ClientOp::Chat | ClientOp::Messages);
@@ -1346,6 +1711,11 @@ fn commit(
             let next = match upstream.next().now_or_never() {
                 Some(next) => next,
                 None => {
+                    // The client may go away at either await below: what it got so far is
+                    // what gets charged then (field case 17).
+                    if let Some(g) = guard.as_mut() {
+                        g.partial = Some(translator.usage().finish(estimated_input));
+                    }
                     if !out.is_empty() {
                         yield Ok::<Bytes, std::convert::Infallible>(out.split().freeze());
                     }
@@ -1383,7 +1753,8 @@ fn commit(
         // Never record a stream as zero usage: reported figures when final, else estimates
         // (field cases 15, 17).
         let usage = translator.usage().finish(estimated_input);
-        if let Some(g) = guard.take() {
+        if let Some(mut g) = guard.take() {
+            g.partial = Some(usage);
             match &failure {
                 None => g.succeed(Some(&usage)),
                 Some((class, _)) => g.fail(*class),

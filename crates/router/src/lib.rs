@@ -6,13 +6,19 @@
 //! (or a p2c pick) with the decisions of `switchyard-core`. [`standalone`] is the embedded
 //! default: manifests from a folder, the control loop in-process.
 
+pub mod broker;
 pub mod clock;
 pub mod config;
 pub mod control;
 pub mod dispatch;
 pub mod estimate;
+pub mod health;
+pub mod kube_source;
 pub mod metrics;
+pub mod outcomes;
+pub mod probe;
 pub mod server;
+pub mod signals;
 pub mod standalone;
 pub mod state;
 pub mod status;

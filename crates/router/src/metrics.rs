@@ -63,6 +63,36 @@ pub struct RouteLabel {
     pub route: String,
 }
 
+/// Label `resource` (a watched kind: `LLMProvider`, `RoutingPolicy`, `TenantQuota`, `Secret`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
+    /// Kind name.
+    pub resource: String,
+}
+
+/// Labels `tenant`, `kind` (what was charged).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantCharge {
+    /// Tenant (`namespace/name` of the TenantQuota).
+    pub tenant: String,
+    /// `input_uncached`, `cache_read`, `cache_write`, `output` (tokens) or `spend_micro_usd`.
+    pub kind: String,
+}
+
+/// Labels `outcome` (`admitted`, `queued`, or a rejection reason code).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaOutcome {
+    /// What the broker decided.
+    pub outcome: String,
+}
+
+/// Label `mode` of the quota store.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreModeLabel {
+    /// `in_process`, `redis` or `local_fallback`.
+    pub mode: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -102,6 +132,25 @@ pub struct Metrics {
     pub in_flight: Family<ProviderLabel, Gauge>,
     /// Configuration reloads by result (`ok`, `invalid`).
     pub reloads: Family<RouteOutcome, Counter>,
+    /// What tenants were charged after reconciliation (tokens by kind, and micro-USD).
+    pub tenant_charged: Family<TenantCharge, Counter>,
+    /// Broker decisions on requests: admitted, queued, or the rejection's reason code.
+    pub quota_decisions: Family<QuotaOutcome, Counter>,
+    /// Reservations issued by this router and not yet settled.
+    pub reservations_in_flight: Gauge,
+    /// 1 for the quota store's current mode (a Redis outage shows as `local_fallback`).
+    pub store_mode: Family<StoreModeLabel, Gauge>,
+    /// Requests waiting in the broker's queues.
+    pub queue_depth: Gauge,
+    /// Time spent waiting in a queue before admission or refusal, seconds.
+    pub queue_wait: Histogram,
+    /// Relative error of the input-token estimate, |actual − estimate| / actual, per settle.
+    pub estimation_error: Histogram,
+    /// Kubernetes mode: 1 while the watch of a kind is answering, 0 while it fails.
+    pub kube_watch_healthy: Family<ResourceLabel, Gauge>,
+    /// Kubernetes mode: seconds the configuration has been served without a working watch
+    /// (0 while every watch answers); fail-static shows here.
+    pub config_stale_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -123,6 +172,15 @@ impl Metrics {
             circuit_open: Family::default(),
             in_flight: Family::default(),
             reloads: Family::default(),
+            kube_watch_healthy: Family::default(),
+            config_stale_seconds: Gauge::default(),
+            tenant_charged: Family::default(),
+            quota_decisions: Family::default(),
+            reservations_in_flight: Gauge::default(),
+            store_mode: Family::default(),
+            queue_depth: Gauge::default(),
+            queue_wait: latency_histogram(),
+            estimation_error: Histogram::new([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]),
             registry: Registry::default(),
         };
         registry.register(
@@ -182,6 +240,51 @@ impl Metrics {
             "config_reloads",
             "Configuration reloads by result",
             m.reloads.clone(),
+        );
+        registry.register(
+            "kube_watch_healthy",
+            "1 while the watch of a resource kind answers (Kubernetes mode)",
+            m.kube_watch_healthy.clone(),
+        );
+        registry.register(
+            "config_stale_seconds",
+            "Seconds the configuration has been served without a working watch (Kubernetes mode)",
+            m.config_stale_seconds.clone(),
+        );
+        registry.register(
+            "tenant_charged",
+            "What tenants were charged after reconciliation: tokens by kind and micro-USD",
+            m.tenant_charged.clone(),
+        );
+        registry.register(
+            "quota_decisions",
+            "Broker decisions: admitted, queued, or the rejection reason code",
+            m.quota_decisions.clone(),
+        );
+        registry.register(
+            "quota_reservations_in_flight",
+            "Reservations issued by this router and not yet settled",
+            m.reservations_in_flight.clone(),
+        );
+        registry.register(
+            "quota_store_mode",
+            "1 for the quota store's current mode",
+            m.store_mode.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Requests waiting for quota in the broker's queues",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "queue_wait_seconds",
+            "Time spent in a queue before admission or refusal",
+            m.queue_wait.clone(),
+        );
+        registry.register(
+            "estimation_error_ratio",
+            "Relative error of the input-token estimate per settled request",
+            m.estimation_error.clone(),
         );
         Metrics { registry, ..m }
     }

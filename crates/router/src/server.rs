@@ -40,12 +40,35 @@ pub struct App {
     pub transitions: crate::status::Transitions,
     /// Problems of the last configuration load that did not stop serving.
     pub config_messages: std::sync::Mutex<Vec<String>>,
+    /// The rate-limit broker (quota store and waiting room).
+    pub broker: Arc<crate::broker::Broker>,
+    /// Per-route correction of input-token estimates from reported usage.
+    pub calibrations: crate::estimate::RouteCalibrations,
+    /// Whether the tokenizer has loaded (`/readyz` waits for it: the first request would
+    /// otherwise pay the load).
+    pub warmed: std::sync::atomic::AtomicBool,
 }
 
 impl App {
-    /// An app serving `runtime`.
+    /// An app serving `runtime` with the in-process quota store.
     pub fn new(runtime: Arc<Runtime>, max_body_bytes: usize) -> Arc<App> {
+        Self::with_store(
+            runtime,
+            max_body_bytes,
+            switchyard_store::QuotaStore::in_process(),
+        )
+    }
+
+    /// An app serving `runtime` whose quotas live in `store` (in-process or Redis).
+    pub fn with_store(
+        runtime: Arc<Runtime>,
+        max_body_bytes: usize,
+        store: switchyard_store::QuotaStore,
+    ) -> Arc<App> {
         Arc::new(App {
+            broker: crate::broker::Broker::new(store),
+            calibrations: crate::estimate::RouteCalibrations::new(),
+            warmed: std::sync::atomic::AtomicBool::new(false),
             runtime,
             metrics: Metrics::new(),
             clock: Clock::new(),
@@ -76,6 +99,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(models))
         .route("/status", get(status_handler))
         .route("/metrics", get(metrics_handler))
+        .route(
+            switchyard_api::outcomes::OUTCOMES_PATH,
+            get(crate::outcomes::handler),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .fallback(not_found)
@@ -128,7 +155,9 @@ async fn method_not_allowed(request: Request) -> Response {
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
-    if app.ready.load(std::sync::atomic::Ordering::Relaxed) {
+    if app.ready.load(std::sync::atomic::Ordering::Relaxed)
+        && app.warmed.load(std::sync::atomic::Ordering::Relaxed)
+    {
         "ready".into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
@@ -168,6 +197,23 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
             };
             app.metrics.weight.get_or_create(&label).set(*w);
         }
+    }
+    let store = app.broker.store();
+    app.metrics
+        .reservations_in_flight
+        .set(i64::try_from(store.in_flight()).unwrap_or(i64::MAX));
+    let mode = store.mode();
+    for m in [
+        switchyard_store::StoreMode::InProcess,
+        switchyard_store::StoreMode::Redis,
+        switchyard_store::StoreMode::LocalFallback,
+    ] {
+        app.metrics
+            .store_mode
+            .get_or_create(&crate::metrics::StoreModeLabel {
+                mode: m.label().to_owned(),
+            })
+            .set(i64::from(m == mode));
     }
     let mut response = app.metrics.encode().into_response();
     response.headers_mut().insert(
@@ -422,7 +468,35 @@ async fn prepare(
         .or_else(|| tenant.as_ref().map(|t| t.key.clone()))
         .unwrap_or_else(|| "anonymous".to_owned());
     let modalities = crate::dispatch::required_modalities(op, &body);
-    let estimated_input_tokens = u64::try_from(bytes.len() / 4).unwrap_or(u64::MAX);
+    // Estimate (step 2): tokenizer count, corrected by the route's learned ratio; the output
+    // allowance from the request or the route's default. Spend is priced per provider.
+    let params = crate::estimate::EstimateParams {
+        default_output_tokens: u64::from(route.default_max_tokens),
+        pricing: crate::wire::usage::Pricing::default(),
+        ratio: app.calibrations.ratio(&route.key),
+    };
+    let estimate = match &body {
+        ClientBody::Chat(r) => crate::estimate::estimate_openai_chat(r, &params),
+        ClientBody::Messages(r) => crate::estimate::estimate_anthropic_messages(r, &params),
+        ClientBody::Json(map) => {
+            match serde_json::from_value::<openai::EmbeddingsRequest>(Value::Object(map.clone())) {
+                Ok(e) if op == ClientOp::Embeddings => {
+                    crate::estimate::estimate_openai_embeddings(&e, &params)
+                }
+                // Rerank: no tokenizer walk; about four bytes per token.
+                _ => {
+                    let raw = u64::try_from(bytes.len() / 4).unwrap_or(u64::MAX);
+                    crate::estimate::Estimate {
+                        raw_input_tokens: raw,
+                        input_tokens: raw,
+                        ..Default::default()
+                    }
+                }
+            }
+        }
+    };
+    let estimated_input_tokens = estimate.input_tokens;
+    let output_allowance = estimate.output_tokens;
     Ok((
         route_index,
         ClientRequest {
@@ -435,6 +509,8 @@ async fn prepare(
             request_id,
             modalities,
             estimated_input_tokens,
+            output_allowance,
+            estimate,
         },
     ))
 }
@@ -479,9 +555,22 @@ pub async fn serve(
             tracing::debug!(error = %e, "failed to set TCP_NODELAY on a client connection");
         }
     });
-    axum::serve(listener, router(app))
+    let pump = tokio::spawn(app.broker.clone().run_pump(app.clock));
+    let signals = tokio::spawn(crate::signals::run(app.clone()));
+    // Load the tokenizer's vocabulary now rather than in the first request; ready after.
+    let warming = app.clone();
+    tokio::task::spawn_blocking(move || {
+        crate::estimate::warm_up();
+        warming
+            .warmed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let served = axum::serve(listener, router(app))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    pump.abort();
+    signals.abort();
+    served
 }
 
 /// How often the control loop housekeeping runs.

@@ -31,6 +31,9 @@ pub struct Options {
     pub max_body_bytes: usize,
     /// Whether to watch the folder and reload on change.
     pub watch: bool,
+    /// Keep quota buckets, pauses and breaker signals in Redis (several replicas share them);
+    /// `None` keeps them in this process.
+    pub redis: Option<switchyard_store::RedisOptions>,
 }
 
 /// Why standalone mode could not start.
@@ -50,6 +53,9 @@ pub enum StartError {
     /// Serving failed.
     #[error("failed to serve: {0}")]
     Serve(#[source] std::io::Error),
+    /// The quota store could not be set up (e.g. an invalid Redis URL).
+    #[error("quota store: {0}")]
+    Store(#[source] switchyard_store::StoreError),
 }
 
 fn build(dir: &Path, secrets: &SecretSource) -> Result<RoutingTable, LoadErrors> {
@@ -87,7 +93,13 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let table = build(&options.manifests, &options.secrets)?;
     let runtime = Runtime::new(table);
-    let app = App::new(runtime, options.max_body_bytes);
+    let store = match &options.redis {
+        Some(redis) => switchyard_store::QuotaStore::redis(redis.clone())
+            .await
+            .map_err(StartError::Store)?,
+        None => switchyard_store::QuotaStore::in_process(),
+    };
+    let app = App::with_store(runtime, options.max_body_bytes, store);
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|source| StartError::Bind {
@@ -96,6 +108,8 @@ pub async fn run(
         })?;
     let addr = listener.local_addr().map_err(StartError::Serve)?;
     let control = tokio::spawn(crate::control::run(app.clone()));
+    // Active health probes of providers with `healthCheck.enabled` (idle when none is).
+    let probes = tokio::spawn(crate::probe::run_for_app(app.clone()));
     let watcher = options.watch.then(|| {
         tokio::spawn(watch(
             app.clone(),
@@ -107,6 +121,7 @@ pub async fn run(
     tracing::info!(%addr, manifests = %options.manifests.display(), "standalone router serving");
     let served = server::serve(app, listener, shutdown).await;
     control.abort();
+    probes.abort();
     if let Some(w) = watcher {
         w.abort();
     }

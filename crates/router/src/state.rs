@@ -106,6 +106,18 @@ impl ProviderState {
         f64::from_bits(self.availability_bits.load(Ordering::Relaxed))
     }
 
+    /// Sets the availability from outside (Kubernetes mode: the operator's value from the
+    /// LLMProvider status), clamped to [0, 1]; a non-finite value counts as 1 (fail-open).
+    /// The in-process controller is not stepped in that mode, so nothing overwrites it.
+    pub fn set_availability(&self, availability: f64) {
+        let a = if availability.is_finite() {
+            availability.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        self.availability_bits.store(a.to_bits(), Ordering::Relaxed);
+    }
+
     /// The last completed window.
     pub fn last_window(&self) -> Window {
         lock(&self.controller).3
@@ -214,6 +226,9 @@ pub struct Runtime {
     pub pauses: Mutex<Pauses>,
     /// Router-wide retry budget.
     pub budget: Mutex<RetryBudget>,
+    /// Active-probe health per provider × modality (DESIGN §4.8), keyed by provider key so
+    /// it outlives reloads like the rest of this state; fail-open when empty.
+    pub health: crate::health::HealthBoard,
     live: ArcSwap<Live>,
 }
 
@@ -225,6 +240,7 @@ impl Runtime {
             routes: Mutex::new(HashMap::new()),
             pauses: Mutex::new(Pauses::new()),
             budget: Mutex::new(RetryBudget::new(0.2, Duration::from_secs(10), 5)),
+            health: crate::health::HealthBoard::new(),
             live: ArcSwap::from_pointee(Live {
                 table: RoutingTable::default(),
                 providers: Vec::new(),

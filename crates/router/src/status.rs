@@ -84,6 +84,10 @@ pub struct StatusDocument {
     pub tenants: Vec<Named<TenantQuotaStatus>>,
     /// Configuration problems that did not stop serving (e.g. an invalid reload).
     pub messages: Vec<String>,
+    /// Revision of the configuration being served, when the source has one (Kubernetes
+    /// mode), so replicas can be compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }
 
 /// "serving", or why the provider is taking no traffic right now: a Retry-After or exhaustion
@@ -105,6 +109,43 @@ fn serving_message(app: &App, p: &crate::config::ProviderConfig) -> String {
         ),
         None => "serving".to_owned(),
     }
+}
+
+/// `HealthProbesValid`: False (reason `ProbeRejected`) while some modality's probe is refused
+/// for its shape or cannot be built — a probe configuration problem, kept apart from the
+/// provider's availability and health (field case 26).
+fn probes_condition(app: &App, p: &crate::config::ProviderConfig, now: DateTime<Utc>) -> Condition {
+    use switchyard_api::provider::health_reason;
+    let problems = app.runtime.health.probe_problems(&p.key);
+    let (valid, why, message) = if problems.is_empty() {
+        (
+            true,
+            reason::RECONCILED,
+            "no health probe was refused for its shape".to_owned(),
+        )
+    } else {
+        let list: Vec<String> = problems
+            .iter()
+            .map(|(m, problem)| format!("{m:?}: {problem}"))
+            .collect();
+        (
+            false,
+            health_reason::PROBE_REJECTED,
+            format!(
+                "health probe configuration problem (not provider unavailability): {}",
+                list.join("; ")
+            ),
+        )
+    };
+    app.transitions.condition(
+        &p.key,
+        health_reason::CONDITION_PROBES_VALID,
+        valid,
+        why,
+        message,
+        p.generation,
+        now,
+    )
 }
 
 /// Computes the status of every resource now.
@@ -161,6 +202,10 @@ pub fn snapshot(app: &App) -> StatusDocument {
                 p.generation,
                 now,
             );
+            let mut conditions = vec![ready, degraded];
+            if p.probes.is_some() {
+                conditions.push(probes_condition(app, p, now));
+            }
             Named {
                 namespace: p.namespace.clone(),
                 name: p.name.clone(),
@@ -171,9 +216,9 @@ pub fn snapshot(app: &App) -> StatusDocument {
                         errors: window.errors,
                         score: r.score,
                     }),
-                    health: Vec::new(),
+                    health: app.runtime.health.status(&p.key, app.clock.now()),
                     last_update_time: window.report.map(|_| time(now)),
-                    conditions: vec![ready, degraded],
+                    conditions,
                     observed_generation: p.generation,
                 },
             }
@@ -304,6 +349,7 @@ pub fn snapshot(app: &App) -> StatusDocument {
         policies,
         tenants,
         messages,
+        revision: live.table.revision.clone(),
     }
 }
 
@@ -314,6 +360,8 @@ fn cond<'a>(conditions: &'a [Condition], kind: &str) -> Option<&'a Condition> {
 /// Renders a status document as the tables `switchyard status` prints.
 pub fn render_table(doc: &StatusDocument) -> String {
     use std::fmt::Write as _;
+
+    use switchyard_api::provider::health_reason;
     let mut out = String::new();
     let _ = writeln!(out, "LLMPROVIDERS");
     let _ = writeln!(
@@ -334,6 +382,23 @@ pub fn render_table(doc: &StatusDocument) -> String {
             w.errors,
             ready.map_or("", |c| c.message.as_str()),
         );
+        if !p.status.health.is_empty() {
+            let modalities: Vec<String> = p
+                .status
+                .health
+                .iter()
+                .map(|h| {
+                    let modality = format!("{:?}", h.modality).to_lowercase();
+                    match h.reason.as_deref() {
+                        Some(r) if r != health_reason::PROBE_SUCCEEDED => {
+                            format!("{modality}={:?}({r})", h.state)
+                        }
+                        _ => format!("{modality}={:?}", h.state),
+                    }
+                })
+                .collect();
+            let _ = writeln!(out, "{:<32} health: {}", "", modalities.join(" "));
+        }
     }
     let _ = writeln!(out, "\nROUTINGPOLICIES");
     let _ = writeln!(

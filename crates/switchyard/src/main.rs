@@ -41,6 +41,59 @@ enum Command {
         /// Do not watch the manifest folder for changes.
         #[arg(long)]
         no_watch: bool,
+        /// Keep quota buckets, Retry-After pauses and open breakers in this Redis
+        /// (`redis://host:port/db`) so several router replicas share them; by default they
+        /// live in this process.
+        #[arg(long, env = "SWITCHYARD_REDIS_URL")]
+        redis_url: Option<String>,
+        /// Number of router replicas sharing the Redis: while Redis is unreachable each replica
+        /// serves from local buckets holding 1/N of every limit.
+        #[arg(long, env = "SWITCHYARD_REPLICAS", default_value_t = 1)]
+        replicas: u32,
+        /// Longest wait for one Redis operation before this replica serves from its local
+        /// share instead (e.g. `50ms`, `1s`).
+        #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
+        redis_timeout: std::time::Duration,
+    },
+    /// Run the router in Kubernetes mode: LLMProviders, RoutingPolicies, TenantQuotas and the
+    /// Secrets they reference come from the cluster through reflectors; availability and
+    /// weights come from their status, written by the operator. Keeps serving on the last
+    /// configuration while the API server is away.
+    Router {
+        /// Namespace to watch (default: the client's namespace: the pod's own in a cluster,
+        /// else the kubeconfig context's).
+        #[arg(long, conflicts_with = "all_namespaces")]
+        namespace: Option<String>,
+        /// Watch every namespace (needs cluster-wide list/watch permissions).
+        #[arg(long)]
+        all_namespaces: bool,
+        /// Address to serve the client API on.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: SocketAddr,
+        /// Kubeconfig file (default: in-cluster service account, else `$KUBECONFIG` or
+        /// `~/.kube/config`).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Largest request body in bytes.
+        #[arg(long, default_value_t = switchyard_router::server::DEFAULT_MAX_BODY_BYTES)]
+        max_body_bytes: usize,
+        /// Period of the full re-list of every watched kind (`60s`, `5m`), so a replica that
+        /// missed a notification converges.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        resync: std::time::Duration,
+        /// Keep quota buckets, Retry-After pauses and open breakers in this Redis
+        /// (`redis://host:port/db`) so the router replicas share them; by default they live in
+        /// this process.
+        #[arg(long, env = "SWITCHYARD_REDIS_URL")]
+        redis_url: Option<String>,
+        /// Number of router replicas sharing the Redis: while Redis is unreachable each replica
+        /// serves from local buckets holding 1/N of every limit.
+        #[arg(long, env = "SWITCHYARD_REPLICAS", default_value_t = 1)]
+        replicas: u32,
+        /// Longest wait for one Redis operation before this replica serves from its local
+        /// share instead (e.g. `50ms`, `1s`).
+        #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
+        redis_timeout: std::time::Duration,
     },
     /// Print the computed status of a running router as tables.
     Status {
@@ -142,6 +195,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .block_on(switchyard_operator::cli::main(args, shutdown_signal()))
             .map_err(anyhow::Error::from),
         Command::Status { url, json } => runtime()?.block_on(status(&url, json)),
+        Command::Router {
+            namespace,
+            all_namespaces,
+            listen,
+            kubeconfig,
+            max_body_bytes,
+            resync,
+            redis_url,
+            replicas,
+            redis_timeout,
+        } => runtime()?.block_on(async move {
+            use switchyard_router::kube_source;
+            let (client, default_namespace) = kube_source::connect(kubeconfig.as_deref()).await?;
+            let namespace = (!all_namespaces).then(|| namespace.unwrap_or(default_namespace));
+            let mut options = kube_source::Options::new(namespace, listen);
+            options.max_body_bytes = max_body_bytes;
+            options.resync = resync;
+            options.redis = redis_url.map(|url| switchyard_store::RedisOptions {
+                local_share: replicas.max(1),
+                op_timeout: redis_timeout,
+                ..switchyard_store::RedisOptions::new(url)
+            });
+            with_drain(|shutdown| kube_source::run(client, options, shutdown))
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        }),
         Command::Standalone {
             manifests,
             listen,
@@ -149,6 +228,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             mocks,
             max_body_bytes,
             no_watch,
+            redis_url,
+            replicas,
+            redis_timeout,
         } => runtime()?.block_on(async move {
             let mut handles = Vec::new();
             if let Some(file) = mocks {
@@ -168,9 +250,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let options = switchyard_router::standalone::Options {
                 manifests,
                 listen,
-                secrets: switchyard_router::config::SecretSource { dir: secrets_dir },
+                secrets: switchyard_router::config::SecretSource {
+                    dir: secrets_dir,
+                    ..Default::default()
+                },
                 max_body_bytes,
                 watch: !no_watch,
+                redis: redis_url.map(|url| switchyard_store::RedisOptions {
+                    local_share: replicas.max(1),
+                    op_timeout: redis_timeout,
+                    ..switchyard_store::RedisOptions::new(url)
+                }),
             };
             // First SIGINT/SIGTERM: stop accepting and drain in-flight requests; a second
             // signal, or the grace period running out, ends the process with requests still
@@ -208,6 +298,50 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             served.map_err(|e| anyhow::anyhow!("{e}"))
         }),
+    }
+}
+
+/// A duration flag (`60s`, `5m`, `1h30m`).
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    switchyard_api::duration::parse(text)
+        .ok_or_else(|| format!("{text:?} is not a duration such as 60s or 5m"))
+}
+
+/// Runs `serve` until the first SIGINT/SIGTERM, then lets it drain in-flight requests; a
+/// second signal, or [`SHUTDOWN_GRACE`] running out, ends it with requests still in flight.
+async fn with_drain<F, T>(
+    serve: impl FnOnce(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) -> F,
+) -> Result<(), T>
+where
+    F: std::future::Future<Output = Result<(), T>>,
+{
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        eprintln!(
+            "shutting down: draining in-flight requests (up to {}s; signal again to stop now)",
+            SHUTDOWN_GRACE.as_secs()
+        );
+        let _ = stop_tx.send(true);
+    });
+    let mut drain_rx = stop_rx.clone();
+    let shutdown = Box::pin(async move {
+        let _ = drain_rx.wait_for(|stop| *stop).await;
+    });
+    let mut forced_rx = stop_rx;
+    let forced = async move {
+        let _ = forced_rx.wait_for(|stop| *stop).await;
+        tokio::select! {
+            () = tokio::time::sleep(SHUTDOWN_GRACE) => {}
+            () = shutdown_signal() => {}
+        }
+    };
+    tokio::select! {
+        served = serve(shutdown) => served,
+        () = forced => {
+            eprintln!("shutting down now with requests still in flight");
+            Ok(())
+        }
     }
 }
 

@@ -97,6 +97,8 @@ pub(crate) struct Provider {
     /// Extra YAML lines under `spec:` (two-space indentation is added), e.g.
     /// `circuitBreaker: {consecutiveFailures: 1000}`.
     pub(crate) extra: Vec<String>,
+    /// List prices of every model, USD per million input and output tokens.
+    pub(crate) pricing: Option<(String, String)>,
 }
 
 impl Provider {
@@ -121,7 +123,14 @@ impl Provider {
             region: None,
             models: vec![("e2e-chat".to_owned(), "text".to_owned())],
             extra: Vec::new(),
+            pricing: None,
         }
+    }
+
+    /// Sets every model's list prices (USD per million input / output tokens).
+    pub(crate) fn pricing(mut self, input: &str, output: &str) -> Self {
+        self.pricing = Some((input.to_owned(), output.to_owned()));
+        self
     }
 
     /// Replaces the served models: `(public name, modality)`.
@@ -220,6 +229,10 @@ pub(crate) struct Setup {
     pub(crate) tenant_extra: Vec<String>,
     /// Extra environment for the router process.
     pub(crate) env: Vec<(String, String)>,
+    /// Extra YAML documents appended to the manifests (e.g. more TenantQuotas).
+    pub(crate) docs: Vec<String>,
+    /// Extra `name → key` API keys written to the secrets folder (`e2e-keys/<name>`).
+    pub(crate) keys: Vec<(String, String)>,
 }
 
 impl Setup {
@@ -251,6 +264,18 @@ impl Setup {
         self.env.push((k.to_owned(), v.to_owned()));
         self
     }
+
+    /// Appends a YAML document to the manifests.
+    pub(crate) fn doc(mut self, yaml: &str) -> Self {
+        self.docs.push(yaml.to_owned());
+        self
+    }
+
+    /// Adds an API key secret `e2e-keys/<name>` holding `key`.
+    pub(crate) fn key(mut self, name: &str, key: &str) -> Self {
+        self.keys.push((name.to_owned(), key.to_owned()));
+        self
+    }
 }
 
 /// The manifests of a setup, given the mocks' addresses (multi-document YAML).
@@ -269,7 +294,10 @@ pub(crate) fn manifests(setup: &Setup, addrs: &BTreeMap<String, SocketAddr>) -> 
         }
         out.push_str("  models:\n");
         for (m, modality) in &p.models {
-            let _ = writeln!(out, "    - {{name: {m}, modalities: [{modality}]}}");
+            let price = p.pricing.as_ref().map_or(String::new(), |(i, o)| {
+                format!(", pricing: {{inputPerMillion: \"{i}\", outputPerMillion: \"{o}\"}}")
+            });
+            let _ = writeln!(out, "    - {{name: {m}, modalities: [{modality}]{price}}}");
         }
         for l in &p.extra {
             let _ = writeln!(out, "  {l}");
@@ -295,6 +323,9 @@ pub(crate) fn manifests(setup: &Setup, addrs: &BTreeMap<String, SocketAddr>) -> 
     for l in &setup.tenant_extra {
         let _ = writeln!(out, "  {l}");
     }
+    for d in &setup.docs {
+        let _ = writeln!(out, "---\n{}", d.trim_end());
+    }
     out
 }
 
@@ -315,6 +346,8 @@ pub(crate) struct Stack {
     pub(crate) http: reqwest::Client,
     /// When [`Stack::reset_mocks`] last ran (or the stack started): zero of the mocks' clocks.
     pub(crate) epoch: Instant,
+    /// The router's extra environment (replicas get it too).
+    pub(crate) env: Vec<(String, String)>,
 }
 
 impl Stack {
@@ -336,6 +369,9 @@ impl Stack {
         std::fs::create_dir_all(&manifest_dir).unwrap();
         std::fs::create_dir_all(secrets_dir.join("e2e-keys")).unwrap();
         std::fs::write(secrets_dir.join("e2e-keys/default"), KEY).unwrap();
+        for (name, key) in &setup.keys {
+            std::fs::write(secrets_dir.join("e2e-keys").join(name), key).unwrap();
+        }
         std::fs::write(manifest_dir.join("e2e.yaml"), manifests(&setup, &addrs)).unwrap();
         let router = Router::spawn(&manifest_dir, &secrets_dir, &setup.env).await;
         let mut stack = Stack {
@@ -344,6 +380,7 @@ impl Stack {
             dir,
             http: client(),
             epoch: Instant::now(),
+            env: setup.env.clone(),
         };
         stack.reset_mocks();
         stack
@@ -358,6 +395,16 @@ impl Stack {
         for m in self.mocks.values() {
             m.reset();
         }
+    }
+
+    /// Starts another router process on the same manifests and secrets (a replica), with
+    /// `env` on top of the setup's environment.
+    pub(crate) async fn spawn_replica(&self, env: &[(String, String)]) -> Router {
+        let manifests = self.dir.path().join("manifests");
+        let secrets = self.dir.path().join("secrets");
+        let mut all = self.env.clone();
+        all.extend(env.iter().cloned());
+        Router::spawn(&manifests, &secrets, &all).await
     }
 
     /// Time since [`Stack::epoch`] (the mocks' clock).

@@ -179,14 +179,12 @@ pub struct StreamUsage {
     /// The report seen is the final one (OpenAI usage chunk, Anthropic `message_delta`,
     /// any Gemini report), not only Anthropic's opening `message_start` counts.
     final_seen: bool,
-    /// Bytes of text and tool arguments seen in content deltas, for the output estimate
-    /// when the stream ends (or is cut) before usage is reported.
+    /// Bytes of text and tool arguments seen in content deltas.
     delivered_bytes: u64,
+    /// Tokens of those deltas (the tokenizer's count per delta), for the output estimate when
+    /// the stream ends (or is cut) before usage is reported.
+    delivered_tokens: u64,
 }
-
-/// Bytes of text per token assumed by the output estimate (a common rule of thumb for
-/// English text with BPE tokenizers; the estimate is only used when no usage is reported).
-pub const BYTES_PER_TOKEN_ESTIMATE: u64 = 4;
 
 impl StreamUsage {
     /// Nothing seen yet.
@@ -194,13 +192,22 @@ impl StreamUsage {
         StreamUsage::default()
     }
 
+    /// Counts one delta of delivered output. Deltas are usually whole tokens, so the sum of
+    /// per-delta counts is close to the count of the whole text.
+    fn deliver(&mut self, text: &str) {
+        self.delivered_bytes += text.len() as u64;
+        self.delivered_tokens += crate::estimate::count_tokens(text);
+    }
+
     /// Observes one OpenAI chunk: content sizes, and the usage if the chunk carries any.
     pub fn observe_openai(&mut self, chunk: &openai::ChatChunk) {
         for choice in &chunk.choices {
-            self.delivered_bytes += choice.delta.content.as_ref().map_or(0, |c| c.len()) as u64;
+            if let Some(c) = &choice.delta.content {
+                self.deliver(c);
+            }
             for tc in choice.delta.tool_calls.iter().flatten() {
-                if let Some(f) = &tc.function {
-                    self.delivered_bytes += f.arguments.as_ref().map_or(0, |a| a.len()) as u64;
+                if let Some(a) = tc.function.as_ref().and_then(|f| f.arguments.as_ref()) {
+                    self.deliver(a);
                 }
             }
         }
@@ -235,15 +242,14 @@ impl StreamUsage {
                 }
                 self.final_seen = true;
             }
-            anthropic::StreamEvent::ContentBlockDelta { delta, .. } => {
-                let n = match delta {
-                    anthropic::BlockDelta::TextDelta { text } => text.len(),
-                    anthropic::BlockDelta::InputJsonDelta { partial_json } => partial_json.len(),
-                    anthropic::BlockDelta::ThinkingDelta { thinking } => thinking.len(),
-                    _ => 0,
-                };
-                self.delivered_bytes += n as u64;
-            }
+            anthropic::StreamEvent::ContentBlockDelta { delta, .. } => match delta {
+                anthropic::BlockDelta::TextDelta { text } => self.deliver(text),
+                anthropic::BlockDelta::InputJsonDelta { partial_json } => {
+                    self.deliver(partial_json);
+                }
+                anthropic::BlockDelta::ThinkingDelta { thinking } => self.deliver(thinking),
+                _ => {}
+            },
             _ => {}
         }
     }
@@ -272,15 +278,12 @@ impl StreamUsage {
     /// Usage to record when the stream is over, however it ended:
     /// - final report seen → that report, as reported (even 0/0, field case 17c);
     /// - only Anthropic's opening counts seen (stream cut, e.g. the client hung up, case 17a)
-    ///   → the exact input and cache counts, output = max(reported, estimate from the
-    ///   delivered bytes), marked [`UsageSource::Estimated`];
+    ///   → the exact input and cache counts, output = max(reported, the tokenizer's count of
+    ///   the delivered deltas), marked [`UsageSource::Estimated`];
     /// - nothing reported → `estimated_input` (the router's estimate, at least 1) and the
-    ///   delivered-bytes output estimate (at least 1), marked estimated: never zero (case 15).
+    ///   delivered-output count (at least 1), marked estimated: never zero (case 15).
     pub fn finish(&self, estimated_input: u64) -> NormalizedUsage {
-        let estimated_output = self
-            .delivered_bytes
-            .div_ceil(BYTES_PER_TOKEN_ESTIMATE)
-            .max(1);
+        let estimated_output = self.delivered_tokens.max(1);
         match self.reported {
             Some(u) if self.final_seen => u,
             Some(u) => NormalizedUsage {

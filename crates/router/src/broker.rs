@@ -1,0 +1,479 @@
+//! The rate-limit broker in the request path (DESIGN §3 steps 2, 3, 6, 8 and §4.7; seed 001,
+//! "provider-neutral rate-limit broker").
+//!
+//! The decisions live in `switchyard-core` ([`switchyard_core::quota`] for buckets and
+//! reservations, [`switchyard_core::queue`] for the waiting room); the store
+//! ([`switchyard_store::QuotaStore`], in-process or Redis) holds the bucket levels. This module
+//! joins them to a request:
+//!
+//! - **Buckets of an attempt**: the tenant's and every ancestor's, the route's, and the chosen
+//!   provider's own and its quota groups'. One reservation per attempt debits all of them or
+//!   none. A refusal by a provider-side bucket means "skip this provider" (spill down the
+//!   chain, nothing sent); a refusal by a tenant or route bucket stops the request.
+//! - **Demand**: the estimate (tokenizer input, output allowance, worst-case spend at the
+//!   provider's list prices), see [`demand`].
+//! - **Settlement**: success reconciles with the reported usage (credit back or charge the
+//!   overrun); a failed attempt is cancelled (the caller is not charged for a provider's
+//!   refusal); a client abort releases with what was really used. The store's ticket releases
+//!   itself if dropped, so no exit path keeps a concurrency slot.
+//! - **Waiting room**: a request that found no room anywhere waits, when its tenant allows a
+//!   queue, in its workload class; deficit round robin across tenants by weight decides who is
+//!   woken when capacity may have freed (a settle on this replica, or the wait the binding
+//!   bucket named). A woken request reserves again itself; if it still finds no room it waits
+//!   again, keeping its deadline.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use switchyard_core::queue::{ClassConfig, Entry, EntryId, QueueReason, WaitingRoom};
+use switchyard_core::quota::{BucketSpec, Demand, Refusal, Usage};
+use switchyard_store::{QuotaStore, Ticket};
+use tokio::sync::{Notify, oneshot};
+
+use crate::clock::Clock;
+use crate::config::{ProviderConfig, Route, Tenant};
+use crate::state::lock;
+use crate::wire::usage::{NormalizedUsage, Pricing, cost_micro_usd};
+
+/// How long past the request deadline a reservation may stay unsettled before the store
+/// expires it (a crashed task, a lost settle).
+const RESERVATION_GRACE: Duration = Duration::from_secs(30);
+
+/// When the waiting room has entries and no known refill time, how often it is re-offered
+/// capacity even if nothing settled here (other replicas free shared capacity). Each such
+/// offer that finds no room costs the woken entry its place, so it is kept rare.
+const QUEUE_POLL: Duration = Duration::from_secs(1);
+
+/// The broker: the quota store and the waiting room of one router process.
+#[derive(Debug)]
+pub struct Broker {
+    store: QuotaStore,
+    room: Mutex<Room>,
+    freed: Notify,
+    /// Settles since the pump last looked: each may have freed room for one waiting entry.
+    freed_count: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Debug)]
+struct Room {
+    queue: WaitingRoom<oneshot::Sender<()>>,
+    /// Waiting entries per tenant, oldest first (for shedding the tenant's oldest).
+    by_tenant: HashMap<String, VecDeque<EntryId>>,
+    /// The earliest moment a waiting entry's binding bucket refills by itself.
+    next_refill: Option<switchyard_core::time::Instant>,
+}
+
+/// Why a request could not get a reservation.
+#[derive(Debug, Clone)]
+pub enum Blocked {
+    /// A bucket refused (tenant, route, or every provider's).
+    Refused(Box<Refusal>),
+    /// The waiting room refused or gave up (`queue_full`, `queue_deadline`).
+    Queue(QueueReason, Box<Refusal>),
+}
+
+impl Broker {
+    /// A broker over `store`, with the default workload classes (`interactive`, `production`,
+    /// `batch`).
+    pub fn new(store: QuotaStore) -> Arc<Broker> {
+        Arc::new(Broker {
+            store,
+            room: Mutex::new(Room {
+                queue: WaitingRoom::new(ClassConfig::defaults()),
+                by_tenant: HashMap::new(),
+                next_refill: None,
+            }),
+            freed: Notify::new(),
+            freed_count: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &QuotaStore {
+        &self.store
+    }
+
+    /// The buckets one attempt reserves: tenant (+ ancestors), route, provider (+ groups).
+    pub fn buckets(
+        tenant: Option<&Tenant>,
+        route: &Route,
+        provider: &ProviderConfig,
+    ) -> Vec<Arc<BucketSpec>> {
+        let mut all: Vec<Arc<BucketSpec>> = Vec::new();
+        if let Some(t) = tenant {
+            all.extend(t.buckets.iter().cloned());
+        }
+        all.extend(route.buckets.iter().cloned());
+        all.extend(provider.buckets.iter().cloned());
+        all
+    }
+
+    /// Reserves `demand` on `buckets` (all or none) for at most the request deadline plus a
+    /// grace period.
+    ///
+    /// # Errors
+    /// The binding bucket's [`Refusal`].
+    pub async fn reserve(
+        &self,
+        buckets: &[Arc<BucketSpec>],
+        demand: Demand,
+        deadline: Duration,
+    ) -> Result<Ticket, Box<Refusal>> {
+        self.store
+            .reserve(buckets, demand, deadline + RESERVATION_GRACE)
+            .await
+    }
+
+    /// Settles a served attempt with the usage the provider reported (or the estimate that
+    /// stands in for it), priced at `pricing`.
+    pub fn reconcile(self: &Arc<Self>, ticket: Ticket, usage: &NormalizedUsage, pricing: Pricing) {
+        let usage = ledger_usage(usage, pricing);
+        let me = self.clone();
+        settle_now_or_later(async move {
+            me.store.reconcile(ticket, usage).await;
+            me.capacity_freed();
+        });
+    }
+
+    /// Settles an attempt that failed before the provider did work for us: every unit is
+    /// credited back.
+    pub fn cancel(self: &Arc<Self>, ticket: Ticket) {
+        let me = self.clone();
+        settle_now_or_later(async move {
+            me.store.cancel(ticket).await;
+            me.capacity_freed();
+        });
+    }
+
+    /// Settles an attempt the client abandoned: charges what was really used (field case 17).
+    pub fn release(self: &Arc<Self>, ticket: Ticket, usage: &NormalizedUsage, pricing: Pricing) {
+        let usage = ledger_usage(usage, pricing);
+        let me = self.clone();
+        settle_now_or_later(async move {
+            me.store.release(ticket, Some(usage)).await;
+            me.capacity_freed();
+        });
+    }
+
+    /// Whether any request is waiting. While one is, newcomers that may queue join the queue
+    /// instead of taking freed capacity first, so the DRR order decides who gets it.
+    pub fn has_waiting(&self) -> bool {
+        !lock(&self.room).queue.is_empty()
+    }
+
+    /// Capacity may have freed: wake the next waiting entry in DRR order.
+    pub fn capacity_freed(&self) {
+        self.freed_count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.freed.notify_one();
+    }
+
+    /// Waits in the tenant's workload class until capacity may have freed for it.
+    ///
+    /// Returns `Ok(())` when woken: the caller reserves again (and waits again if it still
+    /// finds no room). Otherwise the queue's reason:
+    /// `queue_full` at once when the tenant allows no queue or its queue is full,
+    /// `queue_deadline` when `deadline` passes first.
+    ///
+    /// # Errors
+    /// The [`QueueReason`] of a refused or expired wait.
+    pub async fn wait_turn(
+        &self,
+        clock: &Clock,
+        tenant: &Tenant,
+        cost: u64,
+        deadline: switchyard_core::time::Instant,
+        refill_after: Option<Duration>,
+    ) -> Result<(), QueueReason> {
+        if tenant.queue.max_depth == 0 {
+            return Err(QueueReason::QueueFull);
+        }
+        let now = clock.now();
+        if deadline <= now {
+            return Err(QueueReason::QueueDeadline);
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut room = lock(&self.room);
+            let waiting = room.by_tenant.get(&tenant.key).map_or(0, VecDeque::len);
+            if waiting >= tenant.queue.max_depth {
+                if !tenant.queue.shed_oldest {
+                    return Err(QueueReason::QueueFull);
+                }
+                // Dropping the oldest entry's sender answers it `queue_full`.
+                let oldest = room
+                    .by_tenant
+                    .get_mut(&tenant.key)
+                    .and_then(VecDeque::pop_front);
+                if let Some(old) = oldest {
+                    room.queue.remove(old);
+                }
+            }
+            let entry = Entry {
+                class: tenant.class.clone(),
+                tenant: tenant.key.clone(),
+                weight: tenant.weight,
+                cost: cost.max(1),
+                deadline,
+                payload: tx,
+            };
+            let pushed = match room.queue.push(entry, now) {
+                Ok(p) => p,
+                Err(refusal) => {
+                    // An unconfigured class falls back to `production` rather than failing.
+                    if refusal.reason != QueueReason::UnknownClass {
+                        return Err(refusal.reason);
+                    }
+                    let mut entry = refusal.entry;
+                    entry.class = "production".to_owned();
+                    room.queue.push(entry, now).map_err(|r| r.reason)?
+                }
+            };
+            if let Some(shed) = pushed.shed {
+                forget(&mut room, &shed.entry.tenant, shed.id);
+            }
+            room.by_tenant
+                .entry(tenant.key.clone())
+                .or_default()
+                .push_back(pushed.id);
+            if let Some(wait) = refill_after {
+                let at = now + wait;
+                room.next_refill = Some(room.next_refill.map_or(at, |t| t.min(at)));
+                self.freed.notify_one();
+            }
+            pushed.id
+        };
+        let until = clock.to_tokio(deadline);
+        let outcome = tokio::time::timeout_at(until, rx).await;
+        let mut room = lock(&self.room);
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => {
+                forget(&mut room, &tenant.key, id);
+                Err(QueueReason::QueueFull)
+            }
+            Err(_) => {
+                room.queue.remove(id);
+                forget(&mut room, &tenant.key, id);
+                Err(QueueReason::QueueDeadline)
+            }
+        }
+    }
+
+    /// The pump: wakes waiting entries in class priority and DRR order, one per settle seen
+    /// here (each may have freed room for one), one when a waiting entry's bucket refills by
+    /// itself, and one every [`QUEUE_POLL`] while entries wait (capacity freed elsewhere). The
+    /// woken request reserves again itself. Runs until the process ends.
+    pub async fn run_pump(self: Arc<Self>, clock: Clock) {
+        use std::sync::atomic::Ordering;
+        loop {
+            let (waiting, refill) = {
+                let room = lock(&self.room);
+                (!room.queue.is_empty(), room.next_refill)
+            };
+            let mut offers = 0usize;
+            if waiting {
+                let poll = clock.now() + QUEUE_POLL;
+                let until = refill.map_or(poll, |r| r.min(poll));
+                let timed_out =
+                    tokio::time::timeout_at(clock.to_tokio(until), self.freed.notified())
+                        .await
+                        .is_err();
+                if timed_out {
+                    offers = 1;
+                }
+            } else {
+                self.freed.notified().await;
+            }
+            offers += self.freed_count.swap(0, Ordering::Relaxed);
+            let now = clock.now();
+            let mut room = lock(&self.room);
+            if room.next_refill.is_some_and(|r| r <= now) {
+                room.next_refill = None;
+                offers = offers.max(1);
+            }
+            for gone in room.queue.expire(now) {
+                // Dropping the sender lets the waiter's own timer answer `queue_deadline`.
+                forget(&mut room, &gone.entry.tenant, gone.id);
+            }
+            // Offer heads in DRR order; each offer wakes one waiter that is still there.
+            while offers > 0 {
+                let Some(q) = room.queue.pop_ready(now, |e| !e.payload.is_closed()) else {
+                    break;
+                };
+                forget(&mut room, &q.entry.tenant, q.id);
+                if q.entry.payload.send(()).is_ok() {
+                    offers -= 1;
+                }
+            }
+        }
+    }
+}
+
+/// Runs a settle at once when it needs no I/O (the in-process store completes on the first
+/// poll), so the slot is free before the response reaches the client and its next request
+/// finds it; otherwise (Redis) finishes it on a task, off the response path.
+fn settle_now_or_later(settle: impl std::future::Future<Output = ()> + Send + 'static) {
+    use futures::FutureExt as _;
+    let mut settle = Box::pin(settle);
+    if settle.as_mut().now_or_never().is_none() {
+        tokio::spawn(settle);
+    }
+}
+
+fn forget(room: &mut Room, tenant: &str, id: EntryId) {
+    if let Some(ids) = room.by_tenant.get_mut(tenant) {
+        ids.retain(|&x| x != id);
+        if ids.is_empty() {
+            room.by_tenant.remove(tenant);
+        }
+    }
+}
+
+/// Normalised usage as ledger usage, with its cost.
+pub fn ledger_usage(u: &NormalizedUsage, pricing: Pricing) -> Usage {
+    Usage {
+        input_uncached: u.input_uncached,
+        cache_read: u.cache_read,
+        cache_write: u.cache_write,
+        output: u.output,
+        spend_micro_usd: cost_micro_usd(u, &pricing),
+    }
+}
+
+/// A request's demand on one provider: `input` estimated tokens (all assumed uncached, the
+/// worst case), the `output` allowance, and the worst-case spend at the provider's prices.
+pub fn demand(input: u64, output: u64, pricing: Option<Pricing>) -> Demand {
+    let spend = pricing.map_or(0, |p| {
+        cost_micro_usd(&NormalizedUsage::estimated(input, output), &p)
+    });
+    Demand {
+        requests: 1,
+        input_tokens: input,
+        cached_input_tokens: 0,
+        output_tokens: output,
+        spend_micro_usd: spend,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::usage::{GeminiUsageMetadata, StreamUsage};
+    use crate::wire::{anthropic, openai};
+    use switchyard_core::quota::{Dimension, Rule, Scope};
+
+    fn bucket(key: &str, dimension: Dimension, count_cached_input: bool) -> Arc<BucketSpec> {
+        Arc::new(BucketSpec {
+            key: key.to_owned(),
+            scope: Scope::Tenant("t".to_owned()),
+            dimension,
+            // A window, not a refilling bucket: the figures read back exactly what was charged.
+            rule: Rule::FixedWindow {
+                capacity: 1_000_000_000,
+                period: Duration::from_secs(86_400),
+                reset_at: None,
+                tz: chrono_tz::UTC,
+            },
+            count_cached_input,
+        })
+    }
+
+    /// Field case 16: 2,455 cached + 4 new input tokens, 23 output, as each vendor reports it.
+    fn reports() -> Vec<(&'static str, NormalizedUsage)> {
+        let oa: openai::Usage = serde_json::from_value(serde_json::json!({
+            "prompt_tokens": 2459, "completion_tokens": 23, "total_tokens": 2482,
+            "prompt_tokens_details": {"cached_tokens": 2455}}))
+        .unwrap();
+        let an: anthropic::Usage = serde_json::from_value(serde_json::json!({
+            "input_tokens": 4, "output_tokens": 23,
+            "cache_read_input_tokens": 2455, "cache_creation_input_tokens": 0}))
+        .unwrap();
+        let gm: GeminiUsageMetadata = serde_json::from_value(serde_json::json!({
+            "promptTokenCount": 2459, "cachedContentTokenCount": 2455,
+            "candidatesTokenCount": 23, "totalTokenCount": 2482}))
+        .unwrap();
+        // Streaming: OpenAI's final usage-only chunk, Anthropic's start + delta, Gemini's last
+        // chunk metadata.
+        let mut s_oa = StreamUsage::new();
+        let chunk: openai::ChatChunk = serde_json::from_value(serde_json::json!({
+            "id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [], "usage": serde_json::to_value(&oa).unwrap()}))
+        .unwrap();
+        s_oa.observe_openai(&chunk);
+        let mut s_an = StreamUsage::new();
+        for event in [
+            serde_json::json!({"type": "message_start", "message": {"id": "m", "type": "message",
+                "role": "assistant", "model": "x", "content": [], "usage": {"input_tokens": 4,
+                "output_tokens": 1, "cache_read_input_tokens": 2455,
+                "cache_creation_input_tokens": 0}}}),
+            serde_json::json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 23}}),
+            serde_json::json!({"type": "message_stop"}),
+        ] {
+            s_an.observe_anthropic(&serde_json::from_value(event).unwrap());
+        }
+        let mut s_gm = StreamUsage::new();
+        s_gm.observe_gemini(&gm);
+        vec![
+            ("openai", NormalizedUsage::from_openai(&oa)),
+            ("anthropic", NormalizedUsage::from_anthropic(&an)),
+            ("gemini", NormalizedUsage::from_gemini(&gm)),
+            ("openai-stream", s_oa.finish(1)),
+            ("anthropic-stream", s_an.finish(1)),
+            ("gemini-stream", s_gm.finish(1)),
+        ]
+    }
+
+    #[tokio::test]
+    async fn usage_shapes_same_real_usage_give_same_ledger_rows_and_cost() {
+        let pricing = Pricing {
+            input: 3_000_000,
+            output: 15_000_000,
+            cache_read: 300_000,
+            cache_write: 3_750_000,
+        };
+        let mut rows = Vec::new();
+        for (name, usage) in reports() {
+            let store = QuotaStore::in_process();
+            let broker = Broker::new(store.clone());
+            let buckets = vec![
+                bucket("uncached-input", Dimension::InputTokens, false),
+                bucket("all-input", Dimension::InputTokens, true),
+                bucket("output", Dimension::OutputTokens, true),
+                bucket("spend", Dimension::SpendMicroUsd, true),
+            ];
+            let ticket = broker
+                .reserve(
+                    &buckets,
+                    demand(3000, 100, Some(pricing)),
+                    Duration::from_secs(60),
+                )
+                .await
+                .unwrap();
+            let row = ledger_usage(&usage, pricing);
+            store.reconcile(ticket, row).await;
+            let mut used = Vec::new();
+            for b in &buckets {
+                let f = store.figures(b).await.unwrap();
+                used.push(f.limit - f.remaining);
+            }
+            assert_eq!(store.in_flight(), 0, "{name}");
+            rows.push((name, row, used));
+        }
+        // 4 × $3 + 2,455 × $0.30 + 23 × $15 per MTok = 1,093.5 µUSD, rounded up once.
+        let expected = Usage {
+            input_uncached: 4,
+            cache_read: 2455,
+            cache_write: 0,
+            output: 23,
+            spend_micro_usd: 1094,
+        };
+        for (name, row, used) in &rows {
+            assert_eq!(*row, expected, "{name}");
+            assert_eq!(used, &vec![4, 2459, 23, 1094], "{name}: bucket usage");
+        }
+    }
+}
