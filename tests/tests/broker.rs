@@ -763,3 +763,35 @@ async fn quota_ten_thousand_requests_with_random_aborts_leave_nothing_held() {
         "charged {flaky_output} output tokens for {produced} produced"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idempotency_key_in_flight_and_completed_is_not_sent_again() {
+    let _g = serial().await;
+    let stack = Stack::start(
+        Setup::new()
+            .provider(Provider::openai("p-a").mock(|m| m.latency_ms = 300))
+            .policy(Policy::chat("e2e-chat", &["p-a"])),
+    )
+    .await;
+    let with_key = |key: &str| {
+        stack
+            .post("/v1/chat/completions")
+            .header("Idempotency-Key", key)
+            .json(&chat_body("e2e-chat", "charge my card once", false))
+    };
+    // Two at once with the same key: one upstream call, the same answer twice.
+    let (a, b) = tokio::join!(send(with_key("order-17")), send(with_key("order-17")));
+    assert_eq!((a.status, b.status), (200, 200), "{} / {}", a.body, b.body);
+    assert_eq!(a.json()["id"], b.json()["id"]);
+    assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 1);
+    // Later: replayed, marked as such.
+    let c = send(with_key("order-17")).await;
+    assert_eq!(c.json()["id"], a.json()["id"]);
+    assert_eq!(c.headers["x-switchyard-idempotent-replay"], "true");
+    assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 1);
+    // Another key is another request.
+    let d = send(with_key("order-18")).await;
+    assert_eq!(d.status, 200);
+    assert_ne!(d.json()["id"], a.json()["id"]);
+    assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 2);
+}

@@ -13,6 +13,7 @@ pub mod control;
 pub mod dispatch;
 pub mod estimate;
 pub mod health;
+pub mod idempotency;
 pub mod kube_source;
 pub mod metrics;
 pub mod outcomes;

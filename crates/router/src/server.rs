@@ -44,6 +44,8 @@ pub struct App {
     pub broker: Arc<crate::broker::Broker>,
     /// Per-route correction of input-token estimates from reported usage.
     pub calibrations: crate::estimate::RouteCalibrations,
+    /// `Idempotency-Key` table (in-flight markers and answers kept for replay).
+    pub idempotency: Arc<crate::idempotency::Idempotency>,
     /// Whether the tokenizer has loaded (`/readyz` waits for it: the first request would
     /// otherwise pay the load).
     pub warmed: std::sync::atomic::AtomicBool,
@@ -69,6 +71,9 @@ impl App {
             broker: crate::broker::Broker::new(store),
             calibrations: crate::estimate::RouteCalibrations::new(),
             warmed: std::sync::atomic::AtomicBool::new(false),
+            idempotency: Arc::new(crate::idempotency::Idempotency::new(
+                DEFAULT_IDEMPOTENCY_TTL,
+            )),
             runtime,
             metrics: Metrics::new(),
             clock: Clock::new(),
@@ -79,6 +84,9 @@ impl App {
         })
     }
 }
+
+/// How long a completed answer is replayed for a repeated `Idempotency-Key`.
+pub const DEFAULT_IDEMPOTENCY_TTL: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Longest project key (affinity header value) accepted, bytes.
 pub const MAX_PROJECT_KEY_BYTES: usize = 256;
@@ -326,8 +334,49 @@ async fn handle(app: Arc<App>, op: ClientOp, request: Request) -> Response {
         }
         r
     };
+    let idempotency_key = request
+        .headers()
+        .get(crate::idempotency::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     match prepare(&app, op, request, rid.clone()).await {
-        Ok((route, req)) => dispatch(app, route, req).await,
+        Ok((route, req)) => match idempotency_key {
+            None => dispatch(app, route, req).await,
+            Some(key) if key.is_empty() || key.len() > crate::idempotency::MAX_KEY_BYTES => {
+                let e = ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    format!(
+                        "the Idempotency-Key header must hold 1 to {} bytes",
+                        crate::idempotency::MAX_KEY_BYTES
+                    ),
+                );
+                with_id(e.into_response(dialect))
+            }
+            Some(key) => {
+                let tenant = req
+                    .tenant
+                    .as_ref()
+                    .map_or_else(|| "anonymous".to_owned(), |t| t.key.clone());
+                let streamed = req.stream;
+                match app.idempotency.claim(&tenant, &key).await {
+                    crate::idempotency::Claim::Replay(r) => with_id(r),
+                    crate::idempotency::Claim::Conflict => {
+                        let e = ApiError::new(
+                            StatusCode::CONFLICT,
+                            "idempotency_key_in_use",
+                            "a request with this Idempotency-Key is in flight or was a stream; it is not sent again",
+                        );
+                        with_id(e.into_response(dialect))
+                    }
+                    crate::idempotency::Claim::Run(permit) => {
+                        let app2 = app.clone();
+                        let response = dispatch(app, route, req).await;
+                        app2.idempotency.finish(permit, response, streamed).await
+                    }
+                }
+            }
+        },
         Err(e) => {
             app.metrics
                 .requests

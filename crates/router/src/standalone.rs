@@ -34,6 +34,8 @@ pub struct Options {
     /// Keep quota buckets, pauses and breaker signals in Redis (several replicas share them);
     /// `None` keeps them in this process.
     pub redis: Option<switchyard_store::RedisOptions>,
+    /// How long a completed answer is replayed for a repeated `Idempotency-Key`.
+    pub idempotency_ttl: std::time::Duration,
 }
 
 /// Why standalone mode could not start.
@@ -100,6 +102,7 @@ pub async fn run(
         None => switchyard_store::QuotaStore::in_process(),
     };
     let app = App::with_store(runtime, options.max_body_bytes, store);
+    app.idempotency.set_ttl(options.idempotency_ttl);
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|source| StartError::Bind {

@@ -54,6 +54,10 @@ enum Command {
         /// share instead (e.g. `50ms`, `1s`).
         #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
         redis_timeout: std::time::Duration,
+        /// How long a completed non-streaming answer is replayed to a request repeating its
+        /// `Idempotency-Key`.
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        idempotency_ttl: std::time::Duration,
     },
     /// Run the router in Kubernetes mode: LLMProviders, RoutingPolicies, TenantQuotas and the
     /// Secrets they reference come from the cluster through reflectors; availability and
@@ -231,6 +235,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             redis_url,
             replicas,
             redis_timeout,
+            idempotency_ttl,
         } => runtime()?.block_on(async move {
             let mut handles = Vec::new();
             if let Some(file) = mocks {
@@ -261,6 +266,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     op_timeout: redis_timeout,
                     ..switchyard_store::RedisOptions::new(url)
                 }),
+                idempotency_ttl,
             };
             // First SIGINT/SIGTERM: stop accepting and drain in-flight requests; a second
             // signal, or the grace period running out, ends the process with requests still

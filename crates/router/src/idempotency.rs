@@ -1,0 +1,289 @@
+//! `Idempotency-Key`: a retried request is not sent upstream twice (issue 5, item 6).
+//!
+//! A client that times out and retries would otherwise pay twice and may act on two different
+//! answers. With an `Idempotency-Key` header the router keeps, per tenant and key:
+//! - while the first request is in flight, a marker: a second request with the same key waits
+//!   for the first to finish and receives its answer (non-streaming), or is refused with 409
+//!   `idempotency_key_in_use` (a stream cannot be replayed);
+//! - after a successful non-streaming answer, the answer itself for a configurable time (the
+//!   replay carries `x-switchyard-idempotent-replay: true`); failed requests are forgotten,
+//!   so the client may retry them with the same key.
+//!
+//! Entries live in a bounded LRU (oldest evicted first), in this process only: replicas behind
+//! a load balancer each keep their own, so a retry that lands on another replica is sent again.
+//! Keys are scoped by tenant, so one tenant's key never matches another's. Stored answers are
+//! held in memory; the bound on entries and the per-answer size cap keep that in check.
+//! Compared with the IETF draft "The Idempotency-Key HTTP Header Field": same header, same
+//! in-flight conflict (409); no fingerprint check of the request body.
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use crate::state::lock;
+
+/// Header carrying the client's key.
+pub const HEADER: &str = "idempotency-key";
+
+/// Longest accepted key, bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// Largest answer kept for replay, bytes (larger answers are served but not kept).
+pub const MAX_STORED_BYTES: usize = 1024 * 1024;
+
+/// Entries kept at most.
+const CAPACITY: usize = 10_000;
+
+/// A stored answer.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Stored {
+    /// The replay response.
+    pub fn replay(&self) -> Response {
+        let mut r = Response::new(Body::from(self.body.clone()));
+        *r.status_mut() = self.status;
+        *r.headers_mut() = self.headers.clone();
+        r.headers_mut().insert(
+            "x-switchyard-idempotent-replay",
+            HeaderValue::from_static("true"),
+        );
+        r
+    }
+}
+
+#[derive(Debug)]
+enum Entry {
+    /// The first request is running; `None` until it finishes (dropped sender: it failed).
+    InFlight(watch::Receiver<Option<Arc<Stored>>>),
+    /// Its answer, until `expires`.
+    Done(Arc<Stored>, tokio::time::Instant),
+}
+
+/// What to do with a request carrying a key.
+#[derive(Debug)]
+pub enum Claim {
+    /// First with this key: run it, then call [`Idempotency::finish`].
+    Run(Permit),
+    /// Answer with this replay.
+    Replay(Response),
+    /// Another request with this key is streaming or failed while we waited: 409.
+    Conflict,
+}
+
+/// Held by the request that runs; dropping it unfinished (the client went away) forgets the
+/// key, and a twin waiting on it gets 409.
+#[derive(Debug)]
+pub struct Permit {
+    table: Arc<Idempotency>,
+    key: (String, String),
+    tx: watch::Sender<Option<Arc<Stored>>>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        // After `finish` stored an answer the entry is `Done` and this does nothing.
+        self.table.forget(&self.key);
+    }
+}
+
+/// The per-process table of idempotency keys.
+#[derive(Debug)]
+pub struct Idempotency {
+    entries: Mutex<lru::LruCache<(String, String), Entry>>,
+    /// Replay time in milliseconds (settable after start, e.g. from a flag).
+    ttl_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Idempotency {
+    /// A table keeping successful answers for `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        let cap = NonZeroUsize::new(CAPACITY).unwrap_or(NonZeroUsize::MIN);
+        Idempotency {
+            entries: Mutex::new(lru::LruCache::new(cap)),
+            ttl_ms: std::sync::atomic::AtomicU64::new(millis(ttl)),
+        }
+    }
+
+    /// Changes how long completed answers are replayed (entries already stored keep theirs).
+    pub fn set_ttl(&self, ttl: Duration) {
+        self.ttl_ms
+            .store(millis(ttl), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Claims `key` for `tenant`, waiting for an in-flight twin to finish.
+    pub async fn claim(self: &Arc<Self>, tenant: &str, key: &str) -> Claim {
+        let k = (tenant.to_owned(), key.to_owned());
+        let mut rx = {
+            let mut entries = lock(&self.entries);
+            let now = tokio::time::Instant::now();
+            match entries.get(&k) {
+                Some(Entry::Done(stored, expires)) if *expires > now => {
+                    return Claim::Replay(stored.replay());
+                }
+                Some(Entry::InFlight(rx)) if rx.has_changed().is_ok() => rx.clone(),
+                _ => {
+                    let (tx, rx) = watch::channel(None);
+                    entries.put(k.clone(), Entry::InFlight(rx));
+                    return Claim::Run(Permit {
+                        table: self.clone(),
+                        key: k,
+                        tx,
+                    });
+                }
+            }
+        };
+        // The twin finishes with an answer (replay it) or without one (conflict: the client
+        // decides whether to retry).
+        match rx.wait_for(Option::is_some).await {
+            Ok(v) => match v.as_ref() {
+                Some(stored) => Claim::Replay(stored.replay()),
+                None => Claim::Conflict,
+            },
+            Err(_) => Claim::Conflict,
+        }
+    }
+
+    /// Finishes a claimed request: keeps a successful non-streamed answer for replay (the
+    /// response is rebuilt from the collected body); forgets the key otherwise.
+    pub async fn finish(&self, permit: Permit, response: Response, streamed: bool) -> Response {
+        if streamed || !response.status().is_success() {
+            return response; // dropping the permit forgets the key
+        }
+        let (parts, body) = response.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, MAX_STORED_BYTES).await else {
+            // Too large to keep (the body is consumed): report it as a server error rather
+            // than sending a truncated answer.
+            let mut r = Response::new(Body::from("answer too large to keep for idempotent replay"));
+            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            return r;
+        };
+        let stored = Arc::new(Stored {
+            status: parts.status,
+            headers: parts.headers.clone(),
+            body: bytes.clone(),
+        });
+        lock(&self.entries).put(
+            permit.key.clone(),
+            Entry::Done(stored.clone(), tokio::time::Instant::now() + self.ttl()),
+        );
+        let _ = permit.tx.send(Some(stored));
+        Response::from_parts(parts, Body::from(bytes))
+    }
+
+    fn forget(&self, key: &(String, String)) {
+        let mut entries = lock(&self.entries);
+        if matches!(entries.peek(key), Some(Entry::InFlight(_))) {
+            entries.pop(key);
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(body: &'static str) -> Response {
+        Response::new(Body::from(body))
+    }
+
+    async fn text(r: Response) -> String {
+        let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        String::from_utf8(b.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn idempotency_completed_answer_replayed_per_tenant() {
+        let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
+        let Claim::Run(permit) = table.claim("t1", "k").await else {
+            panic!("first claim runs");
+        };
+        let served = table.finish(permit, ok("answer"), false).await;
+        assert_eq!(text(served).await, "answer");
+        let Claim::Replay(r) = table.claim("t1", "k").await else {
+            panic!("second claim replays");
+        };
+        assert_eq!(r.headers()["x-switchyard-idempotent-replay"], "true");
+        assert_eq!(text(r).await, "answer");
+        assert!(matches!(table.claim("t2", "k").await, Claim::Run(_)));
+    }
+
+    #[tokio::test]
+    async fn idempotency_twin_waits_for_the_first_then_replays() {
+        let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
+        let Claim::Run(permit) = table.claim("t", "k").await else {
+            panic!("first claim runs");
+        };
+        let twin = {
+            let table = table.clone();
+            tokio::spawn(async move { table.claim("t", "k").await })
+        };
+        tokio::task::yield_now().await;
+        table.finish(permit, ok("once"), false).await;
+        let Claim::Replay(r) = twin.await.unwrap() else {
+            panic!("twin replays");
+        };
+        assert_eq!(text(r).await, "once");
+    }
+
+    #[tokio::test]
+    async fn idempotency_failed_or_streamed_request_is_forgotten() {
+        let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
+        let Claim::Run(permit) = table.claim("t", "k").await else {
+            panic!()
+        };
+        let mut failed = ok("no");
+        *failed.status_mut() = StatusCode::BAD_GATEWAY;
+        table.finish(permit, failed, false).await;
+        let Claim::Run(permit) = table.claim("t", "k").await else {
+            panic!("a failed request may be retried with its key");
+        };
+        table.finish(permit, ok("stream"), true).await;
+        assert!(matches!(table.claim("t", "k").await, Claim::Run(_)));
+    }
+
+    #[tokio::test]
+    async fn idempotency_abandoned_request_frees_its_key_and_twin_gets_conflict() {
+        let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
+        let Claim::Run(permit) = table.claim("t", "k").await else {
+            panic!()
+        };
+        let twin = {
+            let table = table.clone();
+            tokio::spawn(async move { table.claim("t", "k").await })
+        };
+        tokio::task::yield_now().await;
+        drop(permit);
+        assert!(matches!(twin.await.unwrap(), Claim::Conflict));
+        assert!(matches!(table.claim("t", "k").await, Claim::Run(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idempotency_answer_expires_after_ttl() {
+        let table = Arc::new(Idempotency::new(Duration::from_secs(10)));
+        let Claim::Run(permit) = table.claim("t", "k").await else {
+            panic!()
+        };
+        table.finish(permit, ok("a"), false).await;
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(matches!(table.claim("t", "k").await, Claim::Run(_)));
+    }
+}
