@@ -20,12 +20,6 @@ step() {
 step "python venv with the official SDKs"
 bash scripts/setup-venv.sh
 
-# Renders and lints charts/switchyard with Helm's Go SDK (helm-python-sdk) for the default and
-# HA values, validates every object with kubernetes-validate --strict (Kubernetes 1.33) and
-# checks RBAC, container hardening and the CRD copies. Needs no cluster and no helm binary.
-step "helm chart: lint, render, kubernetes-validate --strict (tests/helm/check_chart.py)"
-.venv/bin/python tests/helm/check_chart.py
-
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
@@ -36,6 +30,13 @@ cargo clippy --workspace --all-targets -- -D warnings
 # against a stale binary.
 step "cargo build --workspace --bins"
 cargo build --workspace --bins
+
+# Renders and lints charts/switchyard with Helm's Go SDK (helm-python-sdk) for the default and
+# HA values, validates every object with kubernetes-validate --strict (Kubernetes 1.33), checks
+# RBAC, container hardening and the CRD copies, and parses every container's arguments with
+# the binary just built. Needs no cluster and no helm binary.
+step "helm chart: lint, render, kubernetes-validate --strict (tests/helm/check_chart.py)"
+.venv/bin/python tests/helm/check_chart.py
 
 step "cargo test --workspace"
 cargo test --workspace

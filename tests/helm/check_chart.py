@@ -12,15 +12,19 @@ variants, it
      Operator custom resource with no schema in that set, is exempt;
   4. asserts properties that matter: hardened containers, probes, least-privilege RBAC with
      the exact rules each process needs, the CRDs equal to crds/, the HA replica counts;
-  5. checks that values.schema.json rejects typos and unsafe overrides.
+  5. checks that values.schema.json rejects typos and unsafe overrides;
+  6. runs the switchyard binary's flag parser on every container's arguments
+     (target/debug/switchyard, or $SWITCHYARD_BIN), so a renamed flag fails here.
 
-Run: .venv/bin/python tests/helm/check_chart.py   (scripts/test.sh does)
+Run: cargo build -p switchyard && .venv/bin/python tests/helm/check_chart.py
+(scripts/test.sh does, after its build step)
 Ends with "N passed, N failed" and exits non-zero on any failure.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import pathlib
 import shutil
 import subprocess
@@ -158,6 +162,40 @@ def validate_cli(name, docs):
         # Only "no schema" warnings for the allowed custom kinds may appear.
         unexpected = [line for line in lines if not ("WARN" in line and "ServiceMonitor" in line)]
         assert proc.returncode == 0 and not unexpected, f"exit {proc.returncode}: {lines} {proc.stderr}"
+
+    return run
+
+
+def binary() -> pathlib.Path:
+    """The switchyard binary to try the chart's arguments on (scripts/test.sh builds it first)."""
+    path = pathlib.Path(os.environ.get("SWITCHYARD_BIN", ROOT / "target" / "debug" / "switchyard"))
+    assert path.is_file(), f"{path} not found: build it (cargo build -p switchyard) or set SWITCHYARD_BIN"
+    return path
+
+
+def args_accepted(docs):
+    """Every container's arguments parse: the binary's own flag parser, with --help appended so
+    nothing starts. Catches a renamed or removed flag, and conflicting flags."""
+
+    def run():
+        exe = binary()
+        for dep in objects(docs, "Deployment"):
+            for c in dep["spec"]["template"]["spec"]["containers"]:
+                proc = subprocess.run([str(exe), *c["args"], "--help"], capture_output=True, text=True, check=False)
+                first = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[0]
+                assert proc.returncode == 0, f"{dep['metadata']['name']}: {c['args']}: {first}"
+                # The literal environment values too (e.g. SWITCHYARD_REDIS_TIMEOUT): clap reads
+                # them only on a real start, so start against a kubeconfig that does not exist.
+                # Exit 2 is clap's usage error; anything else got past parsing.
+                env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+                proc = subprocess.run(
+                    [str(exe), *c["args"], "--kubeconfig", "/nonexistent/kubeconfig"],
+                    capture_output=True, text=True, check=False, timeout=30,
+                    env={"PATH": os.environ.get("PATH", ""), **env},
+                )
+                assert proc.returncode not in (0, 2), (
+                    f"{dep['metadata']['name']}: {c['args']} with {env}: exit {proc.returncode}: {proc.stderr.strip()}"
+                )
 
     return run
 
@@ -367,6 +405,7 @@ def main() -> int:
             least_privilege(docs, cluster_scoped=bool(values and values.get("watch", {}).get("allNamespaces"))),
         )
         check(f"{name}: names wired between objects and arguments", wiring(docs))
+        check(f"{name}: the binary accepts every container's arguments", args_accepted(docs))
         installs_crds = not (values and values.get("crds", {}).get("install") is False)
         check(f"{name}: CRDs equal crds/ and are kept", crds_match_committed(docs, installs_crds))
 
