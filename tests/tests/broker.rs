@@ -795,3 +795,32 @@ async fn idempotency_key_in_flight_and_completed_is_not_sent_again() {
     assert_ne!(d.json()["id"], a.json()["id"]);
     assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn provider_rate_limit_headers_correct_its_bucket_before_it_refuses() {
+    // The manifest says p-a takes 100 requests a minute; the provider itself reports only 2
+    // (its headers). After two requests the router believes the provider, not the manifest,
+    // and sends the rest to p-b without waiting for a 429.
+    let _g = serial().await;
+    let stack = Stack::start(
+        Setup::new()
+            .provider(
+                Provider::openai("p-a")
+                    .mock(|m| m.rate_limits.requests_per_minute = 2)
+                    .with("limits: [{name: rpm, dimension: requests, amount: 100, rule: fixedWindow, period: 60s}]"),
+            )
+            .provider(Provider::openai("p-b"))
+            .policy(Policy::chat("e2e-chat", &["p-a", "p-b"]).with("availability: {interval: 1h}")),
+    )
+    .await;
+    for i in 0..6 {
+        let r = stack.chat("e2e-chat", Some(&format!("proj-{i}"))).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 2);
+    assert_eq!(stack.calls_on("p-b", "/v1/chat/completions"), 4);
+    assert!(
+        stack.mock("p-a").calls().iter().all(|c| c.status == 200),
+        "p-a never had to refuse"
+    );
+}

@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use switchyard_core::queue::{ClassConfig, Entry, EntryId, QueueReason, WaitingRoom};
-use switchyard_core::quota::{BucketSpec, Demand, Refusal, Usage};
+use switchyard_core::quota::{BucketSpec, Demand, Dimension, Refusal, Usage};
 use switchyard_store::{QuotaStore, Ticket};
 use tokio::sync::{Notify, oneshot};
 
@@ -312,6 +312,94 @@ impl Broker {
     }
 }
 
+/// One provider-reported figure: `remaining` units of `dimension` and, when reported, the time
+/// until the provider's bucket is full again or its window resets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportedLimit {
+    /// Which dimension the header speaks for.
+    pub dimension: Dimension,
+    /// Units left.
+    pub remaining: u64,
+    /// Until reset, when the header gives it.
+    pub reset_after: Option<Duration>,
+}
+
+/// Reads the provider's rate-limit headers (DESIGN §3 step 8):
+/// `x-ratelimit-remaining-{requests,tokens}` with `x-ratelimit-reset-*` as Go durations
+/// (OpenAI and compatible; "tokens" counts input + output) and
+/// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining` with
+/// `-reset` as RFC 3339 instants (Anthropic). Headers that do not parse are ignored.
+pub fn reported_limits(
+    headers: &http::HeaderMap,
+    wall: chrono::DateTime<chrono::Utc>,
+) -> Vec<ReportedLimit> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let mut out = Vec::new();
+    for (suffix, dimension) in [
+        ("requests", Dimension::Requests),
+        ("tokens", Dimension::TotalTokens),
+    ] {
+        if let Some(remaining) =
+            text(&format!("x-ratelimit-remaining-{suffix}")).and_then(|v| v.trim().parse().ok())
+        {
+            let reset_after = text(&format!("x-ratelimit-reset-{suffix}"))
+                .and_then(|v| switchyard_core::retry_after::parse_go_duration(v.trim()));
+            out.push(ReportedLimit {
+                dimension,
+                remaining,
+                reset_after,
+            });
+        }
+    }
+    for (dim, dimension) in [
+        ("requests", Dimension::Requests),
+        ("tokens", Dimension::TotalTokens),
+        ("input-tokens", Dimension::InputTokens),
+        ("output-tokens", Dimension::OutputTokens),
+    ] {
+        if let Some(remaining) = text(&format!("anthropic-ratelimit-{dim}-remaining"))
+            .and_then(|v| v.trim().parse().ok())
+        {
+            let reset_after = text(&format!("anthropic-ratelimit-{dim}-reset"))
+                .and_then(|v| chrono::DateTime::parse_from_rfc3339(v.trim()).ok())
+                .and_then(|at| (at.with_timezone(&chrono::Utc) - wall).to_std().ok());
+            out.push(ReportedLimit {
+                dimension,
+                remaining,
+                reset_after,
+            });
+        }
+    }
+    out
+}
+
+impl Broker {
+    /// Lowers the provider's own buckets to what its headers report (never raises them), off
+    /// the response path. Only provider and quota-group buckets of a reported dimension are
+    /// touched; limits the provider does not report keep their configured model.
+    pub fn correct_provider(&self, buckets: &[Arc<BucketSpec>], reported: &[ReportedLimit]) {
+        for r in reported {
+            for b in buckets
+                .iter()
+                .filter(|b| b.scope.is_provider_side() && b.dimension == r.dimension)
+            {
+                let store = self.store.clone();
+                let bucket = b.clone();
+                let r = *r;
+                settle_now_or_later(async move {
+                    store
+                        .correct_from_headers(
+                            &bucket,
+                            r.remaining,
+                            r.reset_after.unwrap_or_default(),
+                        )
+                        .await;
+                });
+            }
+        }
+    }
+}
+
 /// Runs a settle at once when it needs no I/O (the in-process store completes on the first
 /// poll), so the slot is free before the response reaches the client and its next request
 /// finds it; otherwise (Redis) finishes it on a task, off the response path.
@@ -425,6 +513,41 @@ mod tests {
             ("anthropic-stream", s_an.finish(1)),
             ("gemini-stream", s_gm.finish(1)),
         ]
+    }
+
+    #[test]
+    fn reported_limits_openai_and_anthropic_headers() {
+        let wall = chrono::DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let mut h = http::HeaderMap::new();
+        h.insert("x-ratelimit-remaining-requests", "3".parse().unwrap());
+        h.insert("x-ratelimit-reset-requests", "6m0s".parse().unwrap());
+        h.insert(
+            "anthropic-ratelimit-input-tokens-remaining",
+            "900".parse().unwrap(),
+        );
+        h.insert(
+            "anthropic-ratelimit-input-tokens-reset",
+            "2026-11-30T12:00:30Z".parse().unwrap(),
+        );
+        h.insert("x-ratelimit-remaining-tokens", "nonsense".parse().unwrap());
+        let r = reported_limits(&h, wall);
+        assert_eq!(
+            r,
+            vec![
+                ReportedLimit {
+                    dimension: Dimension::Requests,
+                    remaining: 3,
+                    reset_after: Some(Duration::from_secs(360))
+                },
+                ReportedLimit {
+                    dimension: Dimension::InputTokens,
+                    remaining: 900,
+                    reset_after: Some(Duration::from_secs(30))
+                },
+            ]
+        );
     }
 
     #[tokio::test]

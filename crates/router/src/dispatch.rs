@@ -1390,6 +1390,11 @@ async fn attempt(
         Ok(Err(e)) => return fail(guard, transport_class(&e)),
         Ok(Ok(r)) => r,
     };
+    if !provider.buckets.is_empty() {
+        // The provider's own view of its limits corrects ours (never upward).
+        let reported = broker::reported_limits(&response.headers, app.clock.wall());
+        app.broker.correct_provider(&provider.buckets, &reported);
+    }
     if !response.status.is_success() {
         let status = response.status;
         let headers = response.headers.clone();
