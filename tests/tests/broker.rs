@@ -824,3 +824,92 @@ async fn provider_rate_limit_headers_correct_its_bucket_before_it_refuses() {
         "p-a never had to refuse"
     );
 }
+
+/// Sleeps until the wall clock is in the first `within` seconds of a UTC minute, so a test of
+/// per-minute fixed windows does not straddle a window boundary.
+async fn align_to_minute(within: u64) {
+    loop {
+        #[allow(clippy::disallowed_methods)] // a test aligning to the wall-clock minute
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let into = now.as_secs() % 60;
+        if into < within {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(
+            (60 - into) * 1000 - u64::from(now.subsec_millis()) + 50,
+        ))
+        .await;
+    }
+}
+
+async fn case_10_run(replicas: usize) {
+    let redis = RedisServer::start().expect("redis-server");
+    let mut setup = one_provider().tenant(
+        "limits: [{name: itpm, dimension: inputTokens, amount: 10000, rule: fixedWindow, period: 60s}, {name: rpm, dimension: requests, amount: 12, rule: fixedWindow, period: 60s}]",
+    );
+    if replicas > 1 {
+        setup = setup
+            .env("SWITCHYARD_REDIS_URL", &redis.url())
+            .env("SWITCHYARD_REPLICAS", &replicas.to_string())
+            .env("SWITCHYARD_REDIS_TIMEOUT", "2s");
+    }
+    let stack = Stack::start(setup).await;
+    let mut extra = Vec::new();
+    for _ in 1..replicas {
+        extra.push(stack.spawn_replica(&[]).await);
+    }
+    let mut bases = vec![stack.router.base_url.clone()];
+    bases.extend(extra.iter().map(|r| r.base_url.clone()));
+    // ~1,000 input tokens per request (o200k counts " the" as one token), max_tokens 50.
+    let prompt = " the".repeat(990);
+    let body = json!({"model": "e2e-chat", "max_tokens": 50,
+        "messages": [{"role": "user", "content": prompt}]});
+    align_to_minute(30).await;
+    let mut replies = Vec::new();
+    for i in 0..30 {
+        let base = &bases[i % bases.len()];
+        let r = send(
+            stack
+                .http
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(KEY)
+                .json(&body),
+        )
+        .await;
+        replies.push(r);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let admitted = count(&replies, 200);
+    assert!(
+        (9..=10).contains(&admitted),
+        "{replicas} replica(s): {admitted} admitted in the minute"
+    );
+    assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), admitted);
+    for r in replies.iter().filter(|r| r.status != 200) {
+        assert_eq!(r.status, 429, "{}", r.body);
+        let code = r.json()["error"]["code"].as_str().unwrap().to_owned();
+        assert!(
+            code == "tenant_input_tokens_per_minute" || code == "tenant_requests_per_minute",
+            "a tenant-quota code, not a provider one: {code}"
+        );
+        let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!(
+            (1..=60).contains(&retry),
+            "Retry-After within the window: {retry}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn case_10_limits_hold_with_one_replica() {
+    let _g = serial().await;
+    case_10_run(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn case_10_limits_hold_with_three_replicas_sharing_redis() {
+    let _g = serial().await;
+    case_10_run(3).await;
+}
