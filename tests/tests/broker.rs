@@ -913,3 +913,141 @@ async fn case_10_limits_hold_with_three_replicas_sharing_redis() {
     let _g = serial().await;
     case_10_run(3).await;
 }
+
+/// What the tenant has been charged so far, by kind.
+async fn charged(stack: &Stack, kind: &str) -> f64 {
+    let text = stack.metrics().await;
+    metric(
+        &text,
+        "switchyard_tenant_charged",
+        &["tenant=\"e2e/e2e-tenant\"", &format!("kind=\"{kind}\"")],
+    )
+}
+
+/// The router's count of the mock's first `n` content deltas (`token0`, ` token1`, …), each
+/// counted on its own as the router counts delivered deltas.
+fn delivered_tokens(n: u64) -> u64 {
+    (0..n)
+        .map(|i| {
+            let text = if i == 0 {
+                "token0".to_owned()
+            } else {
+                format!(" token{i}")
+            };
+            switchyard_router::estimate::count_tokens(&text)
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn case_17_client_disconnect_cancels_upstream_and_charges_what_was_used() {
+    use futures::StreamExt as _;
+    use switchyard_mock::{Fault, FaultRule, FaultSet};
+    let _g = serial().await;
+    let stack = Stack::start(
+        Setup::new()
+            .provider(Provider::anthropic("p-a").pricing("3", "15").mock(|m| {
+                m.output_tokens = 3000;
+                m.tokens_per_sec = 500.0;
+            }))
+            .policy(Policy::chat("e2e-chat", &["p-a"]))
+            .tenant(
+                "limits: [{name: otpm, dimension: outputTokens, amount: 1000000, period: 60s}]",
+            ),
+    )
+    .await;
+    let prompt = " the".repeat(1200);
+    let body = json!({"model": "e2e-chat", "max_tokens": 4000, "stream": true,
+        "messages": [{"role": "user", "content": prompt}]});
+
+    // (a) Hang up after 400 content deltas.
+    let resp = stack.post("/v1/messages").json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut events = resp.bytes_stream();
+    let mut deltas = 0u64;
+    while deltas < 400 {
+        let chunk = events.next().await.expect("stream open").unwrap();
+        deltas += String::from_utf8_lossy(&chunk)
+            .matches("\"content_block_delta\"")
+            .count() as u64;
+    }
+    drop(events);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let call = stack.mock("p-a").calls().pop().unwrap();
+    assert!(
+        call.cancelled_at.is_some(),
+        "the upstream request was cancelled"
+    );
+    assert!(
+        call.tokens_streamed < 1000,
+        "p-a stopped early: {}",
+        call.tokens_streamed
+    );
+    // The cut call has no final usage record; its opening `message_start` reported the
+    // prompt as the mock counts it.
+    let reported_input = switchyard_mock::count_tokens(&prompt) as f64;
+    let input = charged(&stack, "input_uncached").await
+        + charged(&stack, "cache_read").await
+        + charged(&stack, "cache_write").await;
+    assert_eq!(
+        input, reported_input,
+        "the prompt is charged as the provider counted it"
+    );
+    let output = charged(&stack, "output").await;
+    assert!(
+        output >= delivered_tokens(deltas) as f64 && output <= delivered_tokens(deltas + 50) as f64,
+        "charged {output} output tokens for {deltas} deltas delivered (not 0, not 4,000)"
+    );
+    let text = stack.metrics().await;
+    assert_eq!(
+        metric(&text, "switchyard_quota_reservations_in_flight", &[]),
+        0.0
+    );
+
+    // (b) Hang up at 300 ms, before the first byte (first content comes at 1 s).
+    stack
+        .mock("p-a")
+        .set_faults(FaultSet::rules([FaultRule::next(
+            1,
+            Fault::SlowFirstToken { ms: 1000 },
+        )]));
+    let before_in = charged(&stack, "input_uncached").await;
+    let before_out = charged(&stack, "output").await;
+    let req = stack.post("/v1/messages").json(&body);
+    let _ = tokio::time::timeout(Duration::from_millis(300), req.send()).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let input = charged(&stack, "input_uncached").await - before_in;
+    let output = charged(&stack, "output").await - before_out;
+    assert!(
+        (1150.0..=1300.0).contains(&input),
+        "the prompt estimate is charged: {input}"
+    );
+    assert!(output <= 50.0, "at most a few output tokens: {output}");
+    let call = stack.mock("p-a").calls().pop().unwrap();
+    assert!(call.cancelled_at.is_some());
+
+    // (c) The provider reports 0 / 0 and the client hangs up after it: 0 / 0 as reported.
+    stack
+        .mock("p-a")
+        .set_faults(FaultSet::rules([FaultRule::next(
+            1,
+            Fault::ReportUsage {
+                input_tokens: 0,
+                output_tokens: 0,
+            },
+        )]));
+    let small = json!({"model": "e2e-chat", "max_tokens": 5, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let before_in = charged(&stack, "input_uncached").await;
+    let before_out = charged(&stack, "output").await;
+    let r = send(stack.post("/v1/messages").json(&small)).await;
+    assert_eq!(r.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(charged(&stack, "input_uncached").await - before_in, 0.0);
+    assert_eq!(charged(&stack, "output").await - before_out, 0.0);
+    let text = stack.metrics().await;
+    assert_eq!(
+        metric(&text, "switchyard_quota_reservations_in_flight", &[]),
+        0.0
+    );
+}
