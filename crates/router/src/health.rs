@@ -113,10 +113,10 @@ impl HealthBoard {
     /// when that would leave none (probes that call every provider unhealthy are more likely
     /// wrong than every provider being down, and trying costs one failed attempt). `key` maps
     /// a candidate to its provider key.
-    pub fn prefer_admitted<T>(
+    pub fn prefer_admitted<'k, T>(
         &self,
         candidates: Vec<T>,
-        key: impl Fn(&T) -> &str,
+        key: impl Fn(&T) -> &'k str,
         modalities: &[Modality],
         now: Instant,
     ) -> Vec<T> {
@@ -350,6 +350,20 @@ mod tests {
             b.prefer_admitted(vec!["ns/a", "ns/c"], |k| k, &[Modality::Transcription], t),
             ["ns/a", "ns/c"]
         );
+    }
+
+    #[test]
+    fn board_prefer_admitted_positions_keyed_through_a_table() {
+        // The shape of the dispatcher's call: candidates are positions, keys live in a table.
+        let table: Vec<String> = vec!["ns/a".into(), "ns/b".into()];
+        let b = HealthBoard::new();
+        let t = Instant::ZERO;
+        b.record("ns/a", Modality::Text, &cfg(), &fail(), t, wall());
+        b.record("ns/a", Modality::Text, &cfg(), &fail(), t, wall());
+        let candidates: Vec<usize> = vec![0, 1];
+        let candidates =
+            b.prefer_admitted(candidates, |&pos| table[pos].as_str(), &[Modality::Text], t);
+        assert_eq!(candidates, [1]);
     }
 
     #[test]
