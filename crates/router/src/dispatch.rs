@@ -774,6 +774,19 @@ async fn run(
         })
         .map(|(pos, _)| pos)
         .collect();
+    // Active-probe health for the request's modalities (DESIGN §4.8): a provider freshly
+    // probed Unhealthy for one of them is left out, unless that would leave nobody (fail-open;
+    // unknown or stale health never blocks).
+    let candidates = app.runtime.health.prefer_admitted(
+        candidates,
+        |&pos| {
+            live.table.providers[route.providers[pos].index]
+                .key
+                .as_str()
+        },
+        &req.modalities,
+        start,
+    );
     if candidates.is_empty() {
         let (code, message) = if region_excluded {
             (
