@@ -41,19 +41,8 @@ enum Command {
         /// Do not watch the manifest folder for changes.
         #[arg(long)]
         no_watch: bool,
-        /// Keep quota buckets, Retry-After pauses and open breakers in this Redis
-        /// (`redis://host:port/db`) so several router replicas share them; by default they
-        /// live in this process.
-        #[arg(long, env = "SWITCHYARD_REDIS_URL")]
-        redis_url: Option<String>,
-        /// Number of router replicas sharing the Redis: while Redis is unreachable each replica
-        /// serves from local buckets holding 1/N of every limit.
-        #[arg(long, env = "SWITCHYARD_REPLICAS", default_value_t = 1)]
-        replicas: u32,
-        /// Longest wait for one Redis operation before this replica serves from its local
-        /// share instead (e.g. `50ms`, `1s`).
-        #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
-        redis_timeout: std::time::Duration,
+        #[command(flatten)]
+        redis: RedisArgs,
         /// How long a completed non-streaming answer is replayed to a request repeating its
         /// `Idempotency-Key`.
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
@@ -85,19 +74,8 @@ enum Command {
         /// missed a notification converges.
         #[arg(long, default_value = "60s", value_parser = parse_duration)]
         resync: std::time::Duration,
-        /// Keep quota buckets, Retry-After pauses and open breakers in this Redis
-        /// (`redis://host:port/db`) so the router replicas share them; by default they live in
-        /// this process.
-        #[arg(long, env = "SWITCHYARD_REDIS_URL")]
-        redis_url: Option<String>,
-        /// Number of router replicas sharing the Redis: while Redis is unreachable each replica
-        /// serves from local buckets holding 1/N of every limit.
-        #[arg(long, env = "SWITCHYARD_REPLICAS", default_value_t = 1)]
-        replicas: u32,
-        /// Longest wait for one Redis operation before this replica serves from its local
-        /// share instead (e.g. `50ms`, `1s`).
-        #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
-        redis_timeout: std::time::Duration,
+        #[command(flatten)]
+        redis: RedisArgs,
     },
     /// Print the computed status of a running router as tables.
     Status {
@@ -206,9 +184,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             kubeconfig,
             max_body_bytes,
             resync,
-            redis_url,
-            replicas,
-            redis_timeout,
+            redis,
         } => runtime()?.block_on(async move {
             use switchyard_router::kube_source;
             let (client, default_namespace) = kube_source::connect(kubeconfig.as_deref()).await?;
@@ -216,11 +192,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let mut options = kube_source::Options::new(namespace, listen);
             options.max_body_bytes = max_body_bytes;
             options.resync = resync;
-            options.redis = redis_url.map(|url| switchyard_store::RedisOptions {
-                local_share: replicas.max(1),
-                op_timeout: redis_timeout,
-                ..switchyard_store::RedisOptions::new(url)
-            });
+            options.redis = redis.options();
             with_drain(|shutdown| kube_source::run(client, options, shutdown))
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))
@@ -232,9 +204,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             mocks,
             max_body_bytes,
             no_watch,
-            redis_url,
-            replicas,
-            redis_timeout,
+            redis,
             idempotency_ttl,
         } => runtime()?.block_on(async move {
             let mut handles = Vec::new();
@@ -261,11 +231,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
                 max_body_bytes,
                 watch: !no_watch,
-                redis: redis_url.map(|url| switchyard_store::RedisOptions {
-                    local_share: replicas.max(1),
-                    op_timeout: redis_timeout,
-                    ..switchyard_store::RedisOptions::new(url)
-                }),
+                redis: redis.options(),
                 idempotency_ttl,
             };
             // First SIGINT/SIGTERM: stop accepting and drain in-flight requests; a second
