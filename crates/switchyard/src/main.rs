@@ -273,6 +273,35 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Where the router keeps quotas, pauses and breaker signals when several replicas share them.
+#[derive(Debug, clap::Args)]
+struct RedisArgs {
+    /// Keep quota buckets, Retry-After pauses and open breakers in this Redis
+    /// (`redis://host:port/db`) so router replicas share them; by default they live in this
+    /// process.
+    #[arg(long, env = "SWITCHYARD_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Number of router replicas sharing the Redis: while Redis is unreachable each replica
+    /// serves from local buckets holding 1/N of every limit.
+    #[arg(long, env = "SWITCHYARD_REPLICAS", default_value_t = 1)]
+    replicas: u32,
+    /// Longest wait for one Redis operation before this replica serves from its local share
+    /// instead (e.g. `50ms`, `1s`).
+    #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
+    redis_timeout: std::time::Duration,
+}
+
+impl RedisArgs {
+    /// The store options, when a Redis URL was given.
+    fn options(self) -> Option<switchyard_store::RedisOptions> {
+        self.redis_url.map(|url| switchyard_store::RedisOptions {
+            local_share: self.replicas.max(1),
+            op_timeout: self.redis_timeout,
+            ..switchyard_store::RedisOptions::new(url)
+        })
+    }
+}
+
 /// A duration flag (`60s`, `5m`, `1h30m`).
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     switchyard_api::duration::parse(text)
