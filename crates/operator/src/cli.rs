@@ -65,6 +65,9 @@ pub struct OperatorArgs {
     /// any RoutingPolicy, 30 s when none sets one).
     #[arg(long, value_parser = parse_interval)]
     pub interval: Option<Duration>,
+    /// Do not run active health probes (`healthCheck`); `status.health` is then left as is.
+    #[arg(long)]
+    pub no_probes: bool,
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {
@@ -121,6 +124,7 @@ impl OperatorArgs {
             identity: self.identity.clone(),
             listen: self.metrics_listen,
             interval: self.interval,
+            probes: !self.no_probes,
         }
     }
 }
@@ -186,6 +190,7 @@ mod tests {
         );
         assert_eq!(o.listen, "0.0.0.0:9191".parse().unwrap());
         assert_eq!(o.identity, "op-0");
+        assert!(o.probes, "probes run by default");
     }
 
     #[test]
@@ -197,8 +202,10 @@ mod tests {
             "--router-address=http://10.0.0.8:8080",
             "--no-leader-election",
             "--interval=5s",
+            "--no-probes",
         ]);
         let o = cli.args.options("default", None);
+        assert!(!o.probes);
         assert_eq!(o.namespace, None);
         assert_eq!(
             o.targets,

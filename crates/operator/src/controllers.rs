@@ -13,6 +13,7 @@
 //! nothing fails the process, and one broken object never delays the others (field case 29).
 //! Every replica runs the controllers and keeps its caches warm; only the leader writes.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -67,6 +68,9 @@ pub struct Options {
     pub listen: SocketAddr,
     /// Fixed control interval instead of the policies' shortest `availability.interval`.
     pub interval: Option<Duration>,
+    /// Whether the leader runs active health probes and writes `status.health`
+    /// (`--no-probes` turns this off).
+    pub probes: bool,
 }
 
 fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -122,7 +126,8 @@ async fn log_result<T, E: std::fmt::Display>(kind: &'static str, result: Result<
     }
 }
 
-/// Keeps the Secret index current from a watch on Secrets (values are dropped at once) and
+/// Keeps the Secret index current from a watch on Secrets (values are dropped at once, unless
+/// probes run: they need credentials, [`crate::probes`]) and
 /// bumps `changed` whenever a key set appears, changes or goes.
 async fn index_secrets(
     api: Api<Secret>,
@@ -131,6 +136,9 @@ async fn index_secrets(
     ready: Arc<AtomicBool>,
 ) {
     let mut buffer: Vec<(String, String, Vec<String>)> = Vec::new();
+    // Values, kept only when probes run (they need the credentials); dropped otherwise.
+    let mut value_buffer: BTreeMap<(String, String), BTreeMap<String, String>> = BTreeMap::new();
+    let keep_values = op.probes_enabled();
     let mut events = watcher(api).boxed();
     while let Some(event) = events.next().await {
         let event = match event {
@@ -154,13 +162,21 @@ async fn index_secrets(
         let did_change = match event {
             WatchEvent::Init => {
                 buffer.clear();
+                value_buffer.clear();
                 false
             }
             WatchEvent::InitApply(s) => {
                 buffer.push(entry(&s));
+                if keep_values {
+                    value_buffer.insert(
+                        (s.namespace().unwrap_or_default(), s.name_any()),
+                        values_of(&s),
+                    );
+                }
                 false
             }
             WatchEvent::InitDone => {
+                op.reset_secret_values(std::mem::take(&mut value_buffer));
                 let fresh = std::mem::take(&mut buffer);
                 ready.store(true, Ordering::Relaxed);
                 op.update_secrets(|index| {
@@ -175,15 +191,46 @@ async fn index_secrets(
             }
             WatchEvent::Apply(s) => {
                 let (ns, name, keys) = entry(&s);
+                op.set_secret_values(&ns, &name, keep_values.then(|| values_of(&s)));
                 op.update_secrets(|index| index.insert(&ns, &name, keys))
             }
             WatchEvent::Delete(s) => op.update_secrets(|index| {
+                op.set_secret_values(&s.namespace().unwrap_or_default(), &s.name_any(), None);
                 index.remove(&s.namespace().unwrap_or_default(), &s.name_any())
             }),
         };
         if did_change {
             changed.send_modify(|n| *n = n.wrapping_add(1));
         }
+    }
+}
+
+/// The UTF-8 values of a Secret's `data` and `stringData` (non-UTF-8 values are skipped:
+/// they cannot be an API key).
+fn values_of(s: &Secret) -> BTreeMap<String, String> {
+    s.data
+        .iter()
+        .flatten()
+        .filter_map(|(k, v)| String::from_utf8(v.0.clone()).ok().map(|v| (k.clone(), v)))
+        .chain(
+            s.string_data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        )
+        .collect()
+}
+
+/// Syncs probed providers' status between control ticks: every half of the shortest probe
+/// interval, at most [`crate::probes::MAX_STATUS_PERIOD`] apart, so a verdict flip is written
+/// promptly and `lastProbeTime` never lags more than about one interval.
+async fn health_status_loop(op: Arc<Operator>) {
+    loop {
+        let (_, shortest) = op.sync_probed().await;
+        let period = shortest.map_or(crate::probes::MAX_STATUS_PERIOD, |i| {
+            (i / 2).clamp(Duration::from_millis(50), crate::probes::MAX_STATUS_PERIOD)
+        });
+        tokio::time::sleep(period).await;
     }
 }
 
@@ -321,7 +368,9 @@ pub async fn run_with(
     };
     let leader_rx = settings.leadership.subscribe();
     let leadership = settings.leadership.clone();
-    let op = Arc::new(Operator::new(client.clone(), stores.clone(), settings));
+    let op = Arc::new(
+        Operator::new(client.clone(), stores.clone(), settings).with_probes(options.probes),
+    );
 
     // Bumped on every Secret index change and on gaining leadership: re-sync everything.
     let (world_tx, world_rx) = watch::channel(0u64);
@@ -412,6 +461,11 @@ pub async fn run_with(
         });
     }
     tasks.spawn(control_loop(op.clone(), options.interval));
+    if options.probes {
+        let probing = op.clone();
+        tasks.spawn(async move { probing.run_probes().await });
+        tasks.spawn(health_status_loop(op.clone()));
+    }
     {
         let (stores, ready) = (stores.clone(), ready.clone());
         tasks.spawn(async move {

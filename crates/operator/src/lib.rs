@@ -18,6 +18,7 @@
 //! - [`control`]: one `AvailabilityController` per provider; the interval.
 //! - [`operator`]: the shared state and the two writers (per-object sync, control tick).
 //! - [`controllers`]: kube-runtime controllers, triggers, Secret index, health and metrics.
+//! - [`probes`]: active health probes (the router's) and the `status.health` write rule.
 //! - [`leader`]: Lease-based leader election (`kube-lease-manager`).
 //! - [`cli`]: the `switchyard operator` flags and entry point.
 //!
@@ -34,6 +35,7 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod outcomes;
+pub mod probes;
 pub mod status;
 pub mod validate;
 

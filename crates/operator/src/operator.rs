@@ -29,6 +29,7 @@ use crate::error::Error;
 use crate::leader::Leadership;
 use crate::metrics::{Metrics, ProviderLabel, ReplicaLabel, StateLabel};
 use crate::outcomes::{Collected, Collector, Targets, discover};
+use crate::probes::Probes;
 use crate::status::{
     availability_of, degraded_flag, key_of, needs_write, policy_status, provider_status,
     strip_timestamps, tenant_status,
@@ -131,6 +132,7 @@ pub struct Operator {
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
     recent: Mutex<HashMap<String, (serde_json::Value, tokio::time::Instant)>>,
+    probes: Probes,
     /// Metrics served on `/metrics`.
     pub metrics: Metrics,
 }
@@ -174,8 +176,95 @@ impl Operator {
             recorder,
             failures: Mutex::new(HashMap::new()),
             recent: Mutex::new(HashMap::new()),
+            probes: Probes::new(false),
             metrics: Metrics::new(),
         }
+    }
+
+    /// This operator with active health probes on (`true`) or off (the default of
+    /// [`Operator::new`]; `--no-probes`). With probes on, the Secret values of the scope are
+    /// kept in memory (to build the probes' upstream clients) and `status.health` of every
+    /// provider with `healthCheck.enabled` is written from the probes' verdicts
+    /// ([`crate::probes`]).
+    #[must_use]
+    pub fn with_probes(mut self, enabled: bool) -> Self {
+        self.probes = Probes::new(enabled);
+        self
+    }
+
+    /// Whether active health probes are on.
+    pub fn probes_enabled(&self) -> bool {
+        self.probes.enabled
+    }
+
+    /// Records (`Some`: data key → value) or forgets (`None`) the values of one Secret, for
+    /// the probes' credentials. Ignored when probes are off (values are then never kept).
+    pub fn set_secret_values(
+        &self,
+        namespace: &str,
+        name: &str,
+        data: Option<std::collections::BTreeMap<String, String>>,
+    ) {
+        self.probes.set_secret(namespace, name, data);
+    }
+
+    /// Replaces every Secret value at once, keyed by (namespace, name); as
+    /// [`Self::set_secret_values`].
+    pub fn reset_secret_values(
+        &self,
+        all: std::collections::BTreeMap<
+            (String, String),
+            std::collections::BTreeMap<String, String>,
+        >,
+    ) {
+        self.probes.reset_secrets(all);
+    }
+
+    /// Runs the probe loop ([`switchyard_router::probe::run`]) over the cached providers with
+    /// `healthCheck.enabled`, on the leader only (a follower probes nothing and its board
+    /// empties). Returns at once when probes are off; otherwise runs until dropped.
+    pub async fn run_probes(&self) {
+        if !self.probes.enabled {
+            return;
+        }
+        switchyard_router::probe::run(&self.probes.board, self.probes.clock, || {
+            if self.settings.leadership.is_leader() {
+                self.probes.jobs(&self.stores.providers.state())
+            } else {
+                Vec::new()
+            }
+        })
+        .await;
+    }
+
+    /// Syncs the status of every provider that is probed (so verdict changes and due
+    /// `lastProbeTime` refreshes are written between control ticks). Returns how many were
+    /// written, and the shortest probe interval among them (`None`: no provider is probed).
+    pub async fn sync_probed(&self) -> (usize, Option<Duration>) {
+        if !self.probes.enabled || !self.settings.leadership.is_leader() {
+            return (0, None);
+        }
+        let providers: Vec<_> = self
+            .stores
+            .providers
+            .state()
+            .into_iter()
+            .filter_map(|p| Probes::interval_of(&p).map(|i| (p, i)))
+            .collect();
+        let shortest = providers.iter().map(|(_, i)| *i).min();
+        if providers.is_empty() {
+            return (0, None);
+        }
+        let verdicts = self.verdicts();
+        let mut written = 0;
+        for (p, _) in &providers {
+            match self.sync_provider_with(p, &verdicts).await {
+                Ok(Synced::Written) => written += 1,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "health status write failed; retried shortly"),
+            }
+        }
+        (written, shortest)
     }
 
     /// The watch caches.
@@ -198,6 +287,7 @@ impl Operator {
     pub async fn step_down(&self) {
         lock(&self.control).clear();
         lock(&self.recent).clear();
+        self.probes.clear();
         self.collector.lock().await.clear();
     }
 
@@ -232,7 +322,13 @@ impl Operator {
         let figures = lock(&self.control).figures(&key_of(p)).cloned();
         let now = (self.settings.clock)();
         let problems = verdicts.problems("LLMProvider", &ns, &name);
-        let wanted = provider_status(p, problems, figures.as_ref(), now);
+        let mut wanted = provider_status(p, problems, figures.as_ref(), now);
+        let mut force = false;
+        if self.probes.enabled {
+            let stored = p.status.as_ref().map_or(&[][..], |s| s.health.as_slice());
+            wanted.health = self.probes.health_of(p, stored);
+            force = self.probes.refresh_due(p, stored, &wanted.health);
+        }
         if let Some(a) = wanted.availability {
             self.metrics
                 .availability
@@ -246,7 +342,12 @@ impl Operator {
             &wanted.conditions,
         );
         let body = serde_json::to_value(&wanted).unwrap_or_default();
-        let synced = self.apply(p, p.status.as_ref(), &wanted, body).await?;
+        let synced = self
+            .apply(p, p.status.as_ref(), &wanted, body, force)
+            .await?;
+        if synced == Synced::Written {
+            self.probes.wrote(p, &wanted.health);
+        }
         if synced == Synced::Written
             && let Some(low) = flip
         {
@@ -296,7 +397,7 @@ impl Operator {
         };
         let body = serde_json::to_value(&wanted).unwrap_or_default();
         let synced = self
-            .apply(policy, policy.status.as_ref(), &wanted, body)
+            .apply(policy, policy.status.as_ref(), &wanted, body, false)
             .await?;
         if synced == Synced::Written
             && let Some(low) = flip
@@ -320,7 +421,7 @@ impl Operator {
             "conditions": wanted.conditions,
             "observedGeneration": wanted.observed_generation,
         });
-        self.apply(t, t.status.as_ref(), &wanted, body).await
+        self.apply(t, t.status.as_ref(), &wanted, body, false).await
     }
 
     async fn apply<K, S>(
@@ -329,6 +430,7 @@ impl Operator {
         current: Option<&S>,
         wanted: &S,
         body: serde_json::Value,
+        force: bool,
     ) -> Result<Synced, Error>
     where
         K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
@@ -345,7 +447,8 @@ impl Operator {
         let just_written = lock(&self.recent)
             .get(&object)
             .is_some_and(|(v, at)| *v == stripped && at.elapsed() < RECENT_WRITE);
-        let synced = if !needs_write(current, wanted) || just_written {
+        // `force`: a write due for its timestamps alone (health `lastProbeTime` refresh).
+        let synced = if !force && (!needs_write(current, wanted) || just_written) {
             Synced::Unchanged
         } else if !self.settings.leadership.is_leader() {
             Synced::NotLeader

@@ -59,6 +59,7 @@ async fn start(fake: &FakeApi, leadership: Leadership) -> Running {
         listen: health,
         // No control ticks during these tests: only the controllers write.
         interval: Some(Duration::from_secs(3600)),
+        probes: false,
     };
     let settings = Settings {
         targets: options.targets.clone(),
@@ -247,6 +248,7 @@ fn start_elected(fake: &FakeApi, identity: &str) -> Elected {
         identity: identity.into(),
         listen: metrics,
         interval: Some(Duration::from_secs(3600)),
+        probes: false,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let client = fake.client();
@@ -380,6 +382,7 @@ async fn cli_main_with_a_kubeconfig_file_writes_status() {
         metrics_listen: free_addr(),
         kubeconfig: Some(kubeconfig),
         interval: Some(Duration::from_secs(3600)),
+        no_probes: true,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(switchyard_operator::cli::main(args, async move {
