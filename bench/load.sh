@@ -3,6 +3,7 @@
 #
 #   bench/load.sh                 # full run (~5 min), writes docs/benchmarks.md and bench/results/
 #   REPS=5 DURATION=10 bench/load.sh
+#   LIMITS=1 bench/load.sh        # also a router whose tenant has limits (~7 min)
 #
 # What it does, in one run:
 #   1. installs wrk (Debian package) if missing, builds `switchyard` in release mode;
@@ -17,8 +18,15 @@
 #      x-project-id, and after a second batch of KEYS new ids;
 #   6. bench/summarize.py takes medians and writes the Markdown report and the raw results.
 #
+# With LIMITS=1 a second router runs from a second manifest folder that differs only in the
+# tenant: its TenantQuota has a requests-per-minute and an input-tokens-per-minute token bucket,
+# a concurrency limit and a daily spend fixed window (the model gets list prices so spend is
+# estimated), all far above what the run can use, so nothing is refused or queued but every
+# request is estimated, reserved and reconciled on the in-process store. It is a third target
+# ("limits") interleaved with direct and router in every cell; the memory step is unchanged.
+#
 # Environment knobs: SWITCHYARD_BIN (use this binary, skip the build), NICE (0; a negative
-# value needs root), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
+# value needs root), LIMITS (0; 1 adds the tenant-with-limits target), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
 # ("1 16 64"), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as shipped),
 # REPORT (docs/benchmarks.md), RESULTS (bench/results).
 #
@@ -30,7 +38,7 @@ cd "$ROOT"
 
 # The exact command, with the knobs that were set, for the report.
 COMMAND_LINE="bench/load.sh"
-for knob in SWITCHYARD_BIN NICE ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
+for knob in SWITCHYARD_BIN NICE LIMITS ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
   if [[ -n "${!knob+x}" ]]; then
     COMMAND_LINE="$knob='${!knob}' $COMMAND_LINE"
   fi
@@ -42,6 +50,7 @@ WARMUP="${WARMUP:-1}"
 KEYS="${KEYS:-100000}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 OUTPUT_TOKENS="${OUTPUT_TOKENS:-8}"
+LIMITS="${LIMITS:-0}"
 REPORT="${REPORT:-$ROOT/docs/benchmarks.md}"
 RESULTS="${RESULTS:-$ROOT/bench/results}"
 # NICE=-10 runs mock, router and wrk at a higher priority than other work on a shared machine.
@@ -97,6 +106,10 @@ free_port() {
 MOCK_PORT="$(free_port)"
 ROUTER_PORT="$(free_port)"
 while [[ "$ROUTER_PORT" == "$MOCK_PORT" ]]; do ROUTER_PORT="$(free_port)"; done
+LIMITS_PORT="$(free_port)"
+while [[ "$LIMITS_PORT" == "$MOCK_PORT" || "$LIMITS_PORT" == "$ROUTER_PORT" ]]; do
+  LIMITS_PORT="$(free_port)"
+done
 KEY="sk-bench-$(date +%s)"
 
 mkdir -p "$WORK/manifests" "$WORK/secrets/bench-keys"
@@ -137,6 +150,28 @@ spec:
       secretRef: {name: bench-keys, key: bench}
 EOF
 
+# The tenant-with-limits variant: list prices on the model (so a spend limit has something to
+# count) and limits no run of this script can reach, so the broker admits every request.
+mkdir -p "$WORK/manifests-limits"
+python3 - "$WORK/manifests/bench.yaml" "$WORK/manifests-limits/bench.yaml" <<'EOF_PY'
+import sys
+text = open(sys.argv[1], encoding="utf-8").read()
+text = text.replace(
+    "      upstreamName: bench-upstream\n",
+    "      upstreamName: bench-upstream\n"
+    "      pricing: {inputPerMillion: \"2.50\", outputPerMillion: \"10\"}\n",
+)
+text += (
+    "  limits:\n"
+    "    - {name: rpm, dimension: requests, amount: 100000000, period: 60s}\n"
+    "    - {name: itpm, dimension: inputTokens, amount: 10000000000, period: 60s}\n"
+    "    - {name: in-flight, dimension: concurrency, amount: 4096, rule: concurrency}\n"
+    "    - {name: daily-spend, dimension: spendMicroUsd, amount: 1000000000000, rule: fixedWindow,"
+    " period: 24h, resetAt: \"00:00\", timeZone: UTC}\n"
+)
+open(sys.argv[2], "w", encoding="utf-8").write(text)
+EOF_PY
+
 wait_http() { # url
   for _ in $(seq 1 200); do
     if curl -s -o /dev/null --max-time 1 "$1"; then return 0; fi
@@ -146,18 +181,45 @@ wait_http() { # url
   return 1
 }
 
+# wait_ready URL: until /readyz answers 200 (configuration and tokenizer vocabulary loaded), so
+# the idle RSS includes the vocabulary and no timed request pays for loading it.
+wait_ready() {
+  for _ in $(seq 1 400); do
+    if [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1/readyz")" == 200 ]]; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "$1/readyz never answered 200" >&2
+  return 1
+}
+
+# launch_router MANIFESTS PORT LOG: starts a router in the background (its pid in $!).
+launch_router() {
+  if [[ -n "${ROUTER_LOG:-}" ]]; then
+    RUST_LOG="$ROUTER_LOG" "${RUN[@]}" "$BIN" standalone --manifests "$1" \
+      --listen "127.0.0.1:$2" --secrets-dir "$WORK/secrets" 2>>"$3" &
+  else
+    env -u RUST_LOG "${RUN[@]}" "$BIN" standalone --manifests "$1" \
+      --listen "127.0.0.1:$2" --secrets-dir "$WORK/secrets" 2>>"$3" &
+  fi
+}
+
 ROUTER_PID=""
 start_router() {
-  if [[ -n "${ROUTER_LOG:-}" ]]; then
-    RUST_LOG="$ROUTER_LOG" "${RUN[@]}" "$BIN" standalone --manifests "$WORK/manifests" \
-      --listen "127.0.0.1:$ROUTER_PORT" --secrets-dir "$WORK/secrets" 2>>"$WORK/router.log" &
-  else
-    env -u RUST_LOG "${RUN[@]}" "$BIN" standalone --manifests "$WORK/manifests" \
-      --listen "127.0.0.1:$ROUTER_PORT" --secrets-dir "$WORK/secrets" 2>>"$WORK/router.log" &
-  fi
+  launch_router "$WORK/manifests" "$ROUTER_PORT" "$WORK/router.log"
   ROUTER_PID=$!
   PIDS+=("$ROUTER_PID")
   wait_http "http://127.0.0.1:$ROUTER_PORT/healthz"
+  wait_ready "http://127.0.0.1:$ROUTER_PORT"
+}
+LIMITS_PID=""
+start_limits_router() {
+  launch_router "$WORK/manifests-limits" "$LIMITS_PORT" "$WORK/router-limits.log"
+  LIMITS_PID=$!
+  PIDS+=("$LIMITS_PID")
+  wait_http "http://127.0.0.1:$LIMITS_PORT/healthz"
+  wait_ready "http://127.0.0.1:$LIMITS_PORT"
 }
 stop_router() {
   kill "$ROUTER_PID" 2>/dev/null || true
@@ -166,8 +228,8 @@ stop_router() {
 # utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/PID/stat).
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICKS="$(getconf CLK_TCK)"
-rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$ROUTER_PID/status"; }
-hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$ROUTER_PID/status"; }
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/${1:-$ROUTER_PID}/status"; }
+hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/${1:-$ROUTER_PID}/status"; }
 
 log "starting mock on 127.0.0.1:$MOCK_PORT and router on 127.0.0.1:$ROUTER_PORT"
 env -u RUST_LOG "${RUN[@]}" "$BIN" mock-provider --listen "127.0.0.1:$MOCK_PORT" --name bench-mock \
@@ -177,9 +239,16 @@ MOCK_PID=$!
 PIDS+=("$MOCK_PID")
 wait_http "http://127.0.0.1:$MOCK_PORT/v1/models"
 start_router
+TARGETS=(direct router)
+PROBE_URLS=("http://127.0.0.1:$MOCK_PORT" "http://127.0.0.1:$ROUTER_PORT")
+if [[ "$LIMITS" == 1 ]]; then
+  start_limits_router
+  TARGETS+=(limits)
+  PROBE_URLS+=("http://127.0.0.1:$LIMITS_PORT")
+fi
 
 # A request through each path must succeed before anything is timed.
-for url in "http://127.0.0.1:$MOCK_PORT" "http://127.0.0.1:$ROUTER_PORT"; do
+for url in "${PROBE_URLS[@]}"; do
   code="$(curl -s -o "$WORK/probe.json" -w '%{http_code}' "$url/v1/chat/completions" \
     -H "Authorization: Bearer $KEY" -H 'content-type: application/json' -H 'x-project-id: probe' \
     -d '{"model":"bench-chat","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}')"
@@ -199,14 +268,18 @@ RAW="$WORK/raw.jsonl"
 run_wrk() {
   local target="$1" mode="$2" conc="$3" seconds="$4" rep="$5"
   shift 5
-  local port="$MOCK_PORT" threads=2 stream=0
+  local port="$MOCK_PORT" threads=2 stream=0 router_pid="$ROUTER_PID"
   [[ "$target" == router ]] && port="$ROUTER_PORT"
+  if [[ "$target" == limits ]]; then
+    port="$LIMITS_PORT"
+    router_pid="$LIMITS_PID"
+  fi
   [[ "$conc" -lt 2 ]] && threads=1
   [[ "$mode" == stream ]] && stream=1
   local label
   label="$(printf '{"target":"%s","mode":"%s","concurrency":%d,"rep":%d}' "$target" "$mode" "$conc" "$rep")"
   local out cpu0 cpu1
-  cpu0="$(cpu_ticks "$ROUTER_PID") $(cpu_ticks "$MOCK_PID")"
+  cpu0="$(cpu_ticks "$router_pid") $(cpu_ticks "$MOCK_PID")"
   out="$(env "$@" BENCH_STREAM="$stream" BENCH_KEY="$KEY" BENCH_LABEL="$label" \
     "${RUN[@]}" wrk -t "$threads" -c "$conc" -d "${seconds}s" --timeout 10s -s "$ROOT/bench/chat.lua" \
     "http://127.0.0.1:$port/v1/chat/completions")"
@@ -217,10 +290,11 @@ run_wrk() {
     echo "$out" >&2
     exit 1
   fi
-  cpu1="$(cpu_ticks "$ROUTER_PID") $(cpu_ticks "$MOCK_PID")"
+  cpu1="$(cpu_ticks "$router_pid") $(cpu_ticks "$MOCK_PID")"
   read -r r0 m0 <<<"$cpu0"
   read -r r1 m1 <<<"$cpu1"
-  # CPU seconds (user + system) the router and the mock spent during this run.
+  # CPU seconds (user + system) the router serving this target (for direct: the idle default
+  # router) and the mock spent during this run.
   printf '%s,"router_cpu_s":%s,"mock_cpu_s":%s}\n' "${line%\}}" \
     "$(awk -v a="$r0" -v b="$r1" -v t="$TICKS" 'BEGIN {printf "%.2f", (b - a) / t}')" \
     "$(awk -v a="$m0" -v b="$m1" -v t="$TICKS" 'BEGIN {printf "%.2f", (b - a) / t}')"
@@ -228,14 +302,24 @@ run_wrk() {
 
 LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 RSS_START_KIB="$(rss_kib)"
+LIMITS_RSS_START_KIB=null
+[[ "$LIMITS" == 1 ]] && LIMITS_RSS_START_KIB="$(rss_kib "$LIMITS_PID")"
 STARTED="$(date -u +%FT%TZ)"
-log "matrix: modes {plain, stream} x concurrency {$CONCURRENCY} x {direct, router}, $REPS reps of ${DURATION}s"
+log "matrix: modes {plain, stream} x concurrency {$CONCURRENCY} x {${TARGETS[*]}}, $REPS reps of ${DURATION}s"
 for mode in plain stream; do
   for conc in $CONCURRENCY; do
-    run_wrk direct "$mode" "$conc" "$WARMUP" 0 >/dev/null
-    run_wrk router "$mode" "$conc" "$WARMUP" 0 >/dev/null
+    for target in "${TARGETS[@]}"; do
+      run_wrk "$target" "$mode" "$conc" "$WARMUP" 0 >/dev/null
+    done
     for rep in $(seq 1 "$REPS"); do
-      if ((rep % 2 == 1)); then order="direct router"; else order="router direct"; fi
+      # Two targets: alternate the order. Three: rotate it, so in three repetitions each target
+      # runs once first, once second and once third.
+      if ((${#TARGETS[@]} == 2)); then
+        if ((rep % 2 == 1)); then order="direct router"; else order="router direct"; fi
+      else
+        shift_by=$(((rep - 1) % ${#TARGETS[@]}))
+        order="${TARGETS[*]:shift_by} ${TARGETS[*]:0:shift_by}"
+      fi
       for target in $order; do
         line="$(run_wrk "$target" "$mode" "$conc" "$DURATION" "$rep")"
         printf '%s\n' "$line" >>"$RAW"
@@ -245,6 +329,12 @@ for mode in plain stream; do
   done
 done
 RSS_AFTER_MATRIX_KIB="$(rss_kib)"
+LIMITS_RSS_AFTER_MATRIX_KIB=null
+if [[ "$LIMITS" == 1 ]]; then
+  LIMITS_RSS_AFTER_MATRIX_KIB="$(rss_kib "$LIMITS_PID")"
+  kill "$LIMITS_PID" 2>/dev/null || true
+  wait "$LIMITS_PID" 2>/dev/null || true
+fi
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # --- memory ------------------------------------------------------------------------------
@@ -315,6 +405,9 @@ cat >"$WORK/meta.json" <<EOF
   "router_log": "${ROUTER_LOG:-default (info)}",
   "router_rss_start_kib": $RSS_START_KIB,
   "router_rss_after_matrix_kib": $RSS_AFTER_MATRIX_KIB,
+  "limits": $LIMITS,
+  "limits_rss_start_kib": $LIMITS_RSS_START_KIB,
+  "limits_rss_after_matrix_kib": $LIMITS_RSS_AFTER_MATRIX_KIB,
   "memory": {
     "keys_per_batch": $KEYS,
     "rss_start_kib": $MEM_RSS0,

@@ -4,8 +4,13 @@ targets met or not, written as Markdown (docs/benchmarks.md) plus raw results (b
 
 Input: `--raw` JSON lines from bench/chat.lua (one per timed wrk run, labelled with target,
 mode, concurrency and rep) and `--meta` (machine, command, memory figures) from bench/load.sh.
-The hand-written profile notes in bench/profile.md, if present, are appended to the report so a
-rerun keeps them (their own date says when they were measured).
+With `bench/load.sh` run as `LIMITS=1`, a third target ("limits": a router whose tenant has
+limits, so the rate-limit broker estimates, reserves and reconciles every request) gets its own
+table, with its cost over the plain router.
+
+The hand-written files bench/history.md (earlier figures) and bench/profile.md (profile notes),
+if present, are appended to the report in that order so a rerun keeps them (their own dates say
+when they were measured).
 """
 
 import argparse
@@ -75,6 +80,23 @@ def rows(summary):
         r = summary.get((mode, conc, "router"))
         if not d or not r:
             continue
+        q = summary.get((mode, conc, "limits"))
+        limits = {}
+        if q:
+            limits = {
+                "limits_rps": q["rps"],
+                "limits_ratio": q["rps"] / d["rps"] if d["rps"] else float("nan"),
+                "limits_p50_ms": q["p50_ms"],
+                "limits_p99_ms": q["p99_ms"],
+                "limits_added_p50_ms": q["p50_ms"] - d["p50_ms"],
+                "limits_added_p99_ms": q["p99_ms"] - d["p99_ms"],
+                "broker_rps_change": q["rps"] / r["rps"] - 1 if r["rps"] else float("nan"),
+                "broker_p50_ms": q["p50_ms"] - r["p50_ms"],
+                "broker_p99_ms": q["p99_ms"] - r["p99_ms"],
+                "limits_cpu_us_per_req": q["router_cpu_us"],
+                "broker_cpu_us_per_req": q["router_cpu_us"] - r["router_cpu_us"],
+                "limits_errors": q["errors"],
+            }
         result.append(
             {
                 "mode": mode,
@@ -93,6 +115,7 @@ def rows(summary):
                 "router_cpu_us_per_req": r["router_cpu_us"],
                 "mock_cpu_us_per_req_direct": d["mock_cpu_us"],
                 "mock_cpu_us_per_req_router": r["mock_cpu_us"],
+                **limits,
             }
         )
     return result
@@ -141,7 +164,13 @@ def render(table, meta):
     add(f"- Command: `{meta['command']}`")
     add(
         f"- Matrix: {meta['reps']} interleaved repetitions of {meta['duration_s']} s per cell"
-        f" (direct and router alternate, order flipped every repetition) after {meta['warmup_s']} s"
+        + (
+            " (direct, router and the tenant-with-limits router take turns, the order rotated"
+            " every repetition)"
+            if meta.get("limits")
+            else " (direct and router alternate, order flipped every repetition)"
+        )
+        + f" after {meta['warmup_s']} s"
         " warm-up of each; figures are medians over the repetitions. wrk uses 1 thread at"
         " concurrency 1, 2 threads otherwise, keep-alive connections."
     )
@@ -185,6 +214,8 @@ def render(table, meta):
             f" {r['mock_cpu_us_per_req_router']:.0f} |"
         )
     add("")
+    if any("limits_rps" in r for r in table):
+        render_limits(table, meta, add)
     add("## Memory")
     add("")
     add(
@@ -238,6 +269,29 @@ def render(table, meta):
             f"| router throughput ≥ {RATIO_MIN:.0%} of direct, {name}, concurrency"
             f" {r['concurrency']} | {100 * r['ratio']:.0f} % | {verdict(r['ratio'] >= RATIO_MIN)} |"
         )
+    for r in table:
+        if r["concurrency"] != TARGET_CONCURRENCY or "limits_rps" not in r:
+            continue
+        name = MODE_NAMES.get(r["mode"], r["mode"])
+        add(
+            f"| added p50 ≤ {ADDED_P50_MS} ms at concurrency 16, {name}, tenant with limits |"
+            f" {r['limits_added_p50_ms']:.3f} ms |"
+            f" {verdict(r['limits_added_p50_ms'] <= ADDED_P50_MS)} |"
+        )
+        add(
+            f"| added p99 ≤ {ADDED_P99_MS} ms at concurrency 16, {name}, tenant with limits |"
+            f" {r['limits_added_p99_ms']:.3f} ms |"
+            f" {verdict(r['limits_added_p99_ms'] <= ADDED_P99_MS)} |"
+        )
+    for r in table:
+        if "limits_rps" not in r:
+            continue
+        name = MODE_NAMES.get(r["mode"], r["mode"])
+        add(
+            f"| router throughput ≥ {RATIO_MIN:.0%} of direct, {name}, concurrency"
+            f" {r['concurrency']}, tenant with limits | {100 * r['limits_ratio']:.0f} % |"
+            f" {verdict(r['limits_ratio'] >= RATIO_MIN)} |"
+        )
     rss1 = mib(mem["rss_after_batch1_kib"])
     add(
         f"| RSS ≤ {RSS_MAX_MIB:.0f} MiB after {mem['batch1']['requests']} distinct project keys |"
@@ -245,6 +299,63 @@ def render(table, meta):
     )
     add("")
     return "\n".join(lines)
+
+
+def render_limits(table, meta, add):
+    """The tenant-with-limits target: its figures against direct and its cost over the router."""
+    add("## Tenant with limits: cost of the rate-limit broker")
+    add("")
+    add(
+        "A second router process, same binary and manifests except the tenant: its `TenantQuota`"
+        " has a requests token bucket (100,000,000 per 60 s), an input-tokens token bucket"
+        " (10,000,000,000 per 60 s), a concurrency limit (4,096) and a spend fixed window"
+        " (1,000,000 USD per day), and the model has list prices (2.50 / 10 USD per million"
+        " input / output tokens). Nothing is refused or queued, but every request is estimated"
+        " with the tokenizer and reserves and reconciles the four tenant buckets on the"
+        " in-process store. Interleaved with direct and the plain router in every cell (order"
+        " rotated per repetition); the *broker* columns are this target minus the plain router"
+        " (no limits) of the same cell."
+    )
+    add("")
+    add(
+        "| mode | conc. | limits req/s | limits/direct | limits p50 ms | added p50 ms |"
+        " limits p99 ms | added p99 ms | broker Δ req/s | broker Δ p50 ms | broker Δ p99 ms |"
+        " errors |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in table:
+        if "limits_rps" not in r:
+            continue
+        add(
+            f"| {MODE_NAMES.get(r['mode'], r['mode'])} | {r['concurrency']} |"
+            f" {r['limits_rps']:.0f} | {100 * r['limits_ratio']:.0f} % |"
+            f" {r['limits_p50_ms']:.3f} | {r['limits_added_p50_ms']:.3f} |"
+            f" {r['limits_p99_ms']:.3f} | {r['limits_added_p99_ms']:.3f} |"
+            f" {100 * r['broker_rps_change']:+.0f} % | {r['broker_p50_ms']:+.3f} |"
+            f" {r['broker_p99_ms']:+.3f} | {r['limits_errors']} |"
+        )
+    add("")
+    add("Router CPU per request, plain router vs tenant with limits (same method as above):")
+    add("")
+    add("| mode | conc. | router µs/req | limits µs/req | broker Δ µs/req |")
+    add("|---|---:|---:|---:|---:|")
+    for r in table:
+        if "limits_rps" not in r:
+            continue
+        add(
+            f"| {MODE_NAMES.get(r['mode'], r['mode'])} | {r['concurrency']} |"
+            f" {r['router_cpu_us_per_req']:.0f} | {r['limits_cpu_us_per_req']:.0f} |"
+            f" {r['broker_cpu_us_per_req']:+.0f} |"
+        )
+    add("")
+    start = meta.get("limits_rss_start_kib")
+    after = meta.get("limits_rss_after_matrix_kib")
+    if start and after:
+        add(
+            f"The limits router went from {start / 1024:.1f} MiB at start to"
+            f" {after / 1024:.1f} MiB after the matrix."
+        )
+        add("")
 
 
 def main():
@@ -277,15 +388,17 @@ def main():
     )
     (results / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     with open(results / "summary.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0].keys()) if table else ["mode"])
+        fields = list(dict.fromkeys(k for r in table for k in r)) or ["mode"]
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in table:
             w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
 
     text = render(table, meta)
-    notes = Path(__file__).with_name("profile.md")
-    if notes.exists():
-        text += "\n" + notes.read_text(encoding="utf-8")
+    for name in ("history.md", "profile.md"):
+        notes = Path(__file__).with_name(name)
+        if notes.exists():
+            text += "\n" + notes.read_text(encoding="utf-8")
     Path(args.report).write_text(text, encoding="utf-8")
 
 
