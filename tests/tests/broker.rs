@@ -416,7 +416,7 @@ async fn quota_weighted_tenants_share_a_saturated_provider_three_to_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn quota_never_fitting_demand_refused_without_retry_after() {
+async fn quota_never_fitting_demand_is_a_client_error_without_retry_after() {
     let _g = serial().await;
     let stack = Stack::start(
         one_provider()
@@ -424,8 +424,14 @@ async fn quota_never_fitting_demand_refused_without_retry_after() {
     )
     .await;
     let r = stack.chat_body("e2e-chat", None, capped(5000)).await;
-    assert_eq!(r.status, 429);
-    assert_eq!(r.json()["error"]["code"], "tenant_output_tokens_per_minute");
+    // Waiting cannot help: a client error (SDKs do not retry it), naming the limit.
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "request_exceeds_limit");
+    assert!(
+        r.body.contains("otpm") && r.body.contains("max_tokens"),
+        "{}",
+        r.body
+    );
     assert!(!r.headers.contains_key("retry-after"), "it will never fit");
     assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 0);
 }
@@ -810,7 +816,7 @@ async fn provider_rate_limit_headers_correct_its_bucket_before_it_refuses() {
             .provider(
                 Provider::openai("p-a")
                     .mock(|m| m.rate_limits.requests_per_minute = 2)
-                    .with("limits: [{name: rpm, dimension: requests, amount: 100, rule: fixedWindow, period: 60s}]"),
+                    .with("limits: [{name: rph, dimension: requests, amount: 100, rule: fixedWindow, period: 1h}]"),
             )
             .provider(Provider::openai("p-b"))
             .policy(Policy::chat("e2e-chat", &["p-a", "p-b"]).with("availability: {interval: 1h}")),

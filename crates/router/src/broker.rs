@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use switchyard_core::queue::{ClassConfig, Entry, EntryId, QueueReason, WaitingRoom};
-use switchyard_core::quota::{BucketSpec, Demand, Dimension, Refusal, Usage};
+use switchyard_core::quota::{BucketSpec, Demand, Dimension, Refusal, Rule, Usage};
 use switchyard_store::{QuotaStore, Ticket};
 use tokio::sync::{Notify, oneshot};
 
@@ -45,6 +45,11 @@ const RESERVATION_GRACE: Duration = Duration::from_secs(30);
 /// capacity even if nothing settled here (other replicas free shared capacity). Each such
 /// offer that finds no room costs the woken entry its place, so it is kept rare.
 const QUEUE_POLL: Duration = Duration::from_secs(1);
+
+/// DRR quantum in estimated tokens per unit of weight. Small against a typical request (a
+/// few thousand tokens with its output allowance), so tenants interleave request by request
+/// instead of one draining many small requests per turn; empty rounds are skipped in one step.
+const DRR_QUANTUM: u64 = 256;
 
 /// The broker: the quota store and the waiting room of one router process.
 #[derive(Debug)]
@@ -81,7 +86,15 @@ impl Broker {
         Arc::new(Broker {
             store,
             room: Mutex::new(Room {
-                queue: WaitingRoom::new(ClassConfig::defaults()),
+                queue: WaitingRoom::new(
+                    ClassConfig::defaults()
+                        .into_iter()
+                        .map(|c| ClassConfig {
+                            quantum: DRR_QUANTUM,
+                            ..c
+                        })
+                        .collect(),
+                ),
                 by_tenant: HashMap::new(),
                 next_refill: None,
             }),
@@ -245,8 +258,17 @@ impl Broker {
             }
             pushed.id
         };
+        // If the client goes away while waiting, this future is dropped: the guard takes the
+        // entry out at once, so it neither blocks its tenant's queue nor counts toward its depth.
+        let mut waiting = Waiting {
+            broker: self,
+            tenant: &tenant.key,
+            id,
+            done: false,
+        };
         let until = clock.to_tokio(deadline);
         let outcome = tokio::time::timeout_at(until, rx).await;
+        waiting.done = true;
         let mut room = lock(&self.room);
         match outcome {
             Ok(Ok(())) => Ok(()),
@@ -298,9 +320,10 @@ impl Broker {
                 // Dropping the sender lets the waiter's own timer answer `queue_deadline`.
                 forget(&mut room, &gone.entry.tenant, gone.id);
             }
-            // Offer heads in DRR order; each offer wakes one waiter that is still there.
+            // Offer heads in DRR order; each offer wakes one waiter that is still there (an
+            // entry whose waiter left is popped and skipped, never left blocking its tenant).
             while offers > 0 {
-                let Some(q) = room.queue.pop_ready(now, |e| !e.payload.is_closed()) else {
+                let Some(q) = room.queue.pop_ready(now, |_| true) else {
                     break;
                 };
                 forget(&mut room, &q.entry.tenant, q.id);
@@ -322,6 +345,8 @@ pub struct ReportedLimit {
     pub remaining: u64,
     /// Until reset, when the header gives it.
     pub reset_after: Option<Duration>,
+    /// The provider's own limit for this dimension, when the header gives it.
+    pub limit: Option<u64>,
 }
 
 /// Reads the provider's rate-limit headers (DESIGN §3 step 8):
@@ -344,10 +369,13 @@ pub fn reported_limits(
         {
             let reset_after = text(&format!("x-ratelimit-reset-{suffix}"))
                 .and_then(|v| switchyard_core::retry_after::parse_go_duration(v.trim()));
+            let limit =
+                text(&format!("x-ratelimit-limit-{suffix}")).and_then(|v| v.trim().parse().ok());
             out.push(ReportedLimit {
                 dimension,
                 remaining,
                 reset_after,
+                limit,
             });
         }
     }
@@ -363,10 +391,13 @@ pub fn reported_limits(
             let reset_after = text(&format!("anthropic-ratelimit-{dim}-reset"))
                 .and_then(|v| chrono::DateTime::parse_from_rfc3339(v.trim()).ok())
                 .and_then(|at| (at.with_timezone(&chrono::Utc) - wall).to_std().ok());
+            let limit = text(&format!("anthropic-ratelimit-{dim}-limit"))
+                .and_then(|v| v.trim().parse().ok());
             out.push(ReportedLimit {
                 dimension,
                 remaining,
                 reset_after,
+                limit,
             });
         }
     }
@@ -376,24 +407,35 @@ pub fn reported_limits(
 impl Broker {
     /// Lowers the provider's own buckets to what its headers report (never raises them), off
     /// the response path. Only provider and quota-group buckets of a reported dimension are
-    /// touched; limits the provider does not report keep their configured model.
+    /// touched, and only when the provider's reported limit is not larger than the bucket's
+    /// (a manifest limit tighter than the provider's own is the operator's choice, and the
+    /// provider's remaining says nothing about it). The reset time is used only when both
+    /// limits agree: a provider counting in fixed windows reports the window's end, which
+    /// would otherwise read as a near-empty token bucket.
     pub fn correct_provider(&self, buckets: &[Arc<BucketSpec>], reported: &[ReportedLimit]) {
         for r in reported {
             for b in buckets
                 .iter()
                 .filter(|b| b.scope.is_provider_side() && b.dimension == r.dimension)
             {
+                let capacity = match b.rule {
+                    Rule::TokenBucket { capacity, .. } | Rule::FixedWindow { capacity, .. } => {
+                        capacity
+                    }
+                    Rule::Concurrency { .. } => continue,
+                };
+                if r.limit.is_some_and(|l| l > capacity) {
+                    continue;
+                }
+                let reset = match r.limit {
+                    Some(l) if l == capacity => r.reset_after.unwrap_or_default(),
+                    _ => Duration::ZERO,
+                };
                 let store = self.store.clone();
                 let bucket = b.clone();
-                let r = *r;
+                let remaining = r.remaining;
                 settle_now_or_later(async move {
-                    store
-                        .correct_from_headers(
-                            &bucket,
-                            r.remaining,
-                            r.reset_after.unwrap_or_default(),
-                        )
-                        .await;
+                    store.correct_from_headers(&bucket, remaining, reset).await;
                 });
             }
         }
@@ -408,6 +450,26 @@ fn settle_now_or_later(settle: impl std::future::Future<Output = ()> + Send + 's
     let mut settle = Box::pin(settle);
     if settle.as_mut().now_or_never().is_none() {
         tokio::spawn(settle);
+    }
+}
+
+/// A queued request's place in the waiting room, removed when the request stops waiting for
+/// any reason (including its future being dropped).
+struct Waiting<'a> {
+    broker: &'a Broker,
+    tenant: &'a str,
+    id: EntryId,
+    done: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut room = lock(&self.broker.room);
+        room.queue.remove(self.id);
+        forget(&mut room, self.tenant, self.id);
     }
 }
 
@@ -539,12 +601,14 @@ mod tests {
                 ReportedLimit {
                     dimension: Dimension::Requests,
                     remaining: 3,
-                    reset_after: Some(Duration::from_secs(360))
+                    reset_after: Some(Duration::from_secs(360)),
+                    limit: None,
                 },
                 ReportedLimit {
                     dimension: Dimension::InputTokens,
                     remaining: 900,
-                    reset_after: Some(Duration::from_secs(30))
+                    reset_after: Some(Duration::from_secs(30)),
+                    limit: None,
                 },
             ]
         );

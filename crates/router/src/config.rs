@@ -386,6 +386,28 @@ impl RoutingTable {
             table.tenants.push(Arc::new(tenant));
         }
         table.auth_required = !m.tenants.is_empty();
+        let spend_limited = table
+            .tenants
+            .iter()
+            .flat_map(|t| &t.buckets)
+            .chain(table.routes.iter().flat_map(|r| &r.buckets))
+            .any(|b| b.dimension == Dimension::SpendMicroUsd);
+        if spend_limited {
+            for route in &table.routes {
+                for rp in &route.providers {
+                    let p = &table.providers[rp.index];
+                    if p.models
+                        .get(&route.model)
+                        .is_some_and(|m| m.pricing.is_none())
+                    {
+                        table.warnings.push(format!(
+                            "LLMProvider {} has no pricing for model {:?}: requests under a spend limit are never sent to it",
+                            p.key, route.model
+                        ));
+                    }
+                }
+            }
+        }
         for p in &table.providers {
             if let Err(reason) = &p.client {
                 table

@@ -33,7 +33,7 @@ use switchyard_core::pause::{
     Admission, AttemptContext, PausePolicy, RetryDecision, RetryPolicy, next_attempt,
 };
 use switchyard_core::queue::QueueReason;
-use switchyard_core::quota::{RateFigures, Refusal, Scope, Wait};
+use switchyard_core::quota::{Dimension, RateFigures, Refusal, Scope, Wait};
 use switchyard_store::Ticket;
 use tracing::Instrument;
 
@@ -171,6 +171,9 @@ pub struct ClientRequest {
     pub output_allowance: u64,
     /// The whole estimate (raw tokenizer count included, for the route's calibration).
     pub estimate: crate::estimate::Estimate,
+    /// Hash of the endpoint and body, to tell a repeated `Idempotency-Key` request from a
+    /// different one.
+    pub fingerprint: u64,
 }
 
 /// An error shown to the client in its own dialect.
@@ -204,25 +207,43 @@ impl ApiError {
     /// the binding bucket named (one second when a concurrency slot must free first), and, for
     /// the caller's own buckets only, the bucket's figures in the `x-ratelimit-*` headers.
     pub fn quota(refusal: Box<Refusal>) -> Self {
-        let message = match refusal.wait {
-            Wait::Never => format!(
-                "the request needs {} {} but the limit {} holds at most {}; it can never be admitted",
-                refusal.demanded,
-                refusal.dimension.label(),
-                refusal.reason,
-                refusal.figures.limit
-            ),
-            _ if refusal.scope.is_provider_side() => {
-                "every provider of this route is at its rate limit; retry after the indicated time"
-                    .to_owned()
-            }
-            _ => format!(
-                "rate limit {} reached ({} of {} {} left); retry after the indicated time",
-                refusal.reason,
-                refusal.figures.remaining,
-                refusal.figures.limit,
-                refusal.dimension.label()
-            ),
+        // `tenant/<ns>/<name>/<limit>`: name the limit and whose it is (own or an ancestor's).
+        let limit = refusal.key.rsplit('/').next().unwrap_or(&refusal.key);
+        let whose = format!("{} {}", refusal.scope.kind_label(), refusal.scope.name());
+        let unit = match refusal.dimension {
+            Dimension::SpendMicroUsd => "micro-USD",
+            Dimension::Concurrency => "requests in flight",
+            d => d.label(),
+        };
+        if refusal.wait == Wait::Never {
+            // Waiting cannot help: a client error, so SDKs do not retry it as a rate limit.
+            let hint = if refusal.dimension == Dimension::OutputTokens
+                || refusal.dimension == Dimension::TotalTokens
+            {
+                " (lower max_tokens; when it is unset the route's defaultMaxTokens is reserved)"
+            } else {
+                ""
+            };
+            let message = format!(
+                "the request needs {} {unit} but limit {limit:?} of {whose} holds at most {}; it can never be admitted{hint}",
+                refusal.demanded, refusal.figures.limit
+            );
+            return ApiError {
+                status: StatusCode::BAD_REQUEST,
+                code: "request_exceeds_limit".to_owned(),
+                message,
+                retry_after: None,
+                quota: Some(refusal),
+            };
+        }
+        let message = if refusal.scope.is_provider_side() {
+            "every provider of this route is at its rate limit; retry after the indicated time"
+                .to_owned()
+        } else {
+            format!(
+                "limit {limit:?} of {whose} reached ({} of {} {unit} left, code {}); retry after the indicated time",
+                refusal.figures.remaining, refusal.figures.limit, refusal.reason
+            )
         };
         ApiError {
             status: StatusCode::TOO_MANY_REQUESTS,
@@ -230,8 +251,7 @@ impl ApiError {
             message,
             retry_after: match refusal.wait {
                 Wait::After(d) => Some(d),
-                Wait::OnRelease => Some(Duration::from_secs(1)),
-                Wait::Never => None,
+                Wait::OnRelease | Wait::Never => Some(Duration::from_secs(1)),
             },
             quota: Some(refusal),
         }
@@ -610,6 +630,12 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
         let deadline = *queue_deadline.get_or_insert_with(|| {
             (start + route.deadline).min(app.clock.now() + tenant.queue.deadline)
         });
+        // Time alone cannot make room before the deadline: answer now, not at the deadline.
+        if let Wait::After(d) = refusal.wait
+            && app.clock.now() + d > deadline
+        {
+            break;
+        }
         let cost = req.estimated_input_tokens + req.output_allowance;
         queued = true;
         let refill = refusal.retry_after();
@@ -691,17 +717,22 @@ async fn wait_in_queue(
     deadline: switchyard_core::time::Instant,
     refill_after: Option<Duration>,
 ) -> Result<(), QueueReason> {
+    // The gauge comes down however the wait ends, the client hanging up included.
+    struct Depth<'a>(&'a App, tokio::time::Instant);
+    impl Drop for Depth<'_> {
+        fn drop(&mut self) {
+            self.0.metrics.queue_depth.dec();
+            self.0
+                .metrics
+                .queue_wait
+                .observe(self.1.elapsed().as_secs_f64());
+        }
+    }
     app.metrics.queue_depth.inc();
-    let waited = tokio::time::Instant::now();
-    let turn = app
-        .broker
+    let _depth = Depth(app, tokio::time::Instant::now());
+    app.broker
         .wait_turn(&app.clock, tenant, cost, deadline, refill_after)
-        .await;
-    app.metrics.queue_depth.dec();
-    app.metrics
-        .queue_wait
-        .observe(waited.elapsed().as_secs_f64());
-    turn
+        .await
 }
 
 /// The error of a request refused by its queue before any reservation was tried.
@@ -863,6 +894,7 @@ async fn run(
     let mut provider_refusal: Option<Box<Refusal>> = None;
     let mut quota_refusal: Option<Box<Refusal>> = None;
     let mut caller_figures: Option<RateFigures> = None;
+    let mut unpriced = false;
 
     'providers: for (n, &pos) in order.iter().enumerate() {
         let rp = &route.providers[pos];
@@ -899,12 +931,19 @@ async fn run(
             {
                 None
             } else {
-                let pricing = provider
-                    .models
-                    .get(&route.model)
-                    .and_then(|m| m.pricing)
-                    .unwrap_or_default();
+                let priced = provider.models.get(&route.model).and_then(|m| m.pricing);
+                let pricing = priced.unwrap_or_default();
                 let buckets = Broker::buckets(req.tenant.as_deref(), route, &provider);
+                if priced.is_none()
+                    && buckets
+                        .iter()
+                        .any(|b| b.dimension == Dimension::SpendMicroUsd)
+                {
+                    // A spend limit cannot be kept on a model without prices: never send.
+                    lock(&state.breaker).on_cancel(clock.now());
+                    unpriced = true;
+                    continue 'providers;
+                }
                 let demand = broker::demand(
                     req.estimated_input_tokens,
                     req.output_allowance,
@@ -1096,6 +1135,18 @@ async fn run(
         if let (Some(pause), Some(wait)) = (skipped_wait, e.retry_after) {
             e.retry_after = Some(wait.min(pause));
         }
+        return Err((e, last_provider, attempts));
+    }
+
+    if unpriced && last.is_none() && stop_reason.is_none() {
+        let e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "spend_limit_unpriced",
+            format!(
+                "a spend limit applies to this request but no provider of route {} has list prices for the model; add pricing to the LLMProvider's models",
+                route.key
+            ),
+        );
         return Err((e, last_provider, attempts));
     }
 

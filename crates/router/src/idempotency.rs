@@ -6,15 +6,19 @@
 //!   for the first to finish and receives its answer (non-streaming), or is refused with 409
 //!   `idempotency_key_in_use` (a stream cannot be replayed);
 //! - after a successful non-streaming answer, the answer itself for a configurable time (the
-//!   replay carries `x-switchyard-idempotent-replay: true`); failed requests are forgotten,
-//!   so the client may retry them with the same key.
+//!   replay carries `x-switchyard-idempotent-replay: true`); after a stream, a marker for the
+//!   same time (later requests with the key get 409); failed requests are forgotten, so the
+//!   client may retry them with the same key.
+//! - a fingerprint of the request (endpoint and body): the same key on a different request is
+//!   refused with 422 `idempotency_key_reused` instead of being answered with another
+//!   request's answer.
 //!
 //! Entries live in a bounded LRU (oldest evicted first), in this process only: replicas behind
 //! a load balancer each keep their own, so a retry that lands on another replica is sent again.
 //! Keys are scoped by tenant, so one tenant's key never matches another's. Stored answers are
 //! held in memory; the bound on entries and the per-answer size cap keep that in check.
 //! Compared with the IETF draft "The Idempotency-Key HTTP Header Field": same header, same
-//! in-flight conflict (409); no fingerprint check of the request body.
+//! in-flight conflict (409), same 422 for a key reused with another payload.
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -65,9 +69,19 @@ impl Stored {
 #[derive(Debug)]
 enum Entry {
     /// The first request is running; `None` until it finishes (dropped sender: it failed).
-    InFlight(watch::Receiver<Option<Arc<Stored>>>),
+    InFlight(u64, watch::Receiver<Option<Arc<Stored>>>),
     /// Its answer, until `expires`.
-    Done(Arc<Stored>, tokio::time::Instant),
+    Done(u64, Arc<Stored>, tokio::time::Instant),
+    /// It was a stream (started or served): nothing to replay, and not to be sent again.
+    Streamed(u64, tokio::time::Instant),
+}
+
+impl Entry {
+    fn fingerprint(&self) -> u64 {
+        match self {
+            Entry::InFlight(f, _) | Entry::Done(f, _, _) | Entry::Streamed(f, _) => *f,
+        }
+    }
 }
 
 /// What to do with a request carrying a key.
@@ -79,6 +93,8 @@ pub enum Claim {
     Replay(Response),
     /// Another request with this key is streaming or failed while we waited: 409.
     Conflict,
+    /// The key was used for a different request (endpoint or body): 422.
+    Reused,
 }
 
 /// Held by the request that runs; dropping it unfinished (the client went away) forgets the
@@ -87,6 +103,7 @@ pub enum Claim {
 pub struct Permit {
     table: Arc<Idempotency>,
     key: (String, String),
+    fingerprint: u64,
     tx: watch::Sender<Option<Arc<Stored>>>,
 }
 
@@ -126,22 +143,31 @@ impl Idempotency {
     }
 
     /// Claims `key` for `tenant`, waiting for an in-flight twin to finish.
-    pub async fn claim(self: &Arc<Self>, tenant: &str, key: &str) -> Claim {
+    /// `fingerprint` identifies the request (endpoint and body): the same key with another
+    /// request is refused ([`Claim::Reused`]) rather than answered with the first's answer.
+    pub async fn claim(self: &Arc<Self>, tenant: &str, key: &str, fingerprint: u64) -> Claim {
         let k = (tenant.to_owned(), key.to_owned());
         let mut rx = {
             let mut entries = lock(&self.entries);
             let now = tokio::time::Instant::now();
+            let live = |e: &Entry| match e {
+                Entry::Done(_, _, expires) | Entry::Streamed(_, expires) => *expires > now,
+                Entry::InFlight(_, rx) => rx.has_changed().is_ok(),
+            };
             match entries.get(&k) {
-                Some(Entry::Done(stored, expires)) if *expires > now => {
+                Some(e) if live(e) && e.fingerprint() != fingerprint => return Claim::Reused,
+                Some(Entry::Done(_, stored, expires)) if *expires > now => {
                     return Claim::Replay(stored.replay());
                 }
-                Some(Entry::InFlight(rx)) if rx.has_changed().is_ok() => rx.clone(),
+                Some(Entry::Streamed(_, expires)) if *expires > now => return Claim::Conflict,
+                Some(Entry::InFlight(_, rx)) if rx.has_changed().is_ok() => rx.clone(),
                 _ => {
                     let (tx, rx) = watch::channel(None);
-                    entries.put(k.clone(), Entry::InFlight(rx));
+                    entries.put(k.clone(), Entry::InFlight(fingerprint, rx));
                     return Claim::Run(Permit {
                         table: self.clone(),
                         key: k,
+                        fingerprint,
                         tx,
                     });
                 }
@@ -161,8 +187,16 @@ impl Idempotency {
     /// Finishes a claimed request: keeps a successful non-streamed answer for replay (the
     /// response is rebuilt from the collected body); forgets the key otherwise.
     pub async fn finish(&self, permit: Permit, response: Response, streamed: bool) -> Response {
-        if streamed || !response.status().is_success() {
+        if !response.status().is_success() {
             return response; // dropping the permit forgets the key
+        }
+        if streamed {
+            // A stream cannot be replayed; the key stays taken so it is not sent again.
+            lock(&self.entries).put(
+                permit.key.clone(),
+                Entry::Streamed(permit.fingerprint, tokio::time::Instant::now() + self.ttl()),
+            );
+            return response;
         }
         let (parts, body) = response.into_parts();
         let Ok(bytes) = axum::body::to_bytes(body, MAX_STORED_BYTES).await else {
@@ -179,7 +213,11 @@ impl Idempotency {
         });
         lock(&self.entries).put(
             permit.key.clone(),
-            Entry::Done(stored.clone(), tokio::time::Instant::now() + self.ttl()),
+            Entry::Done(
+                permit.fingerprint,
+                stored.clone(),
+                tokio::time::Instant::now() + self.ttl(),
+            ),
         );
         let _ = permit.tx.send(Some(stored));
         Response::from_parts(parts, Body::from(bytes))
@@ -187,7 +225,7 @@ impl Idempotency {
 
     fn forget(&self, key: &(String, String)) {
         let mut entries = lock(&self.entries);
-        if matches!(entries.peek(key), Some(Entry::InFlight(_))) {
+        if matches!(entries.peek(key), Some(Entry::InFlight(..))) {
             entries.pop(key);
         }
     }
@@ -213,28 +251,28 @@ mod tests {
     #[tokio::test]
     async fn idempotency_completed_answer_replayed_per_tenant() {
         let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
-        let Claim::Run(permit) = table.claim("t1", "k").await else {
+        let Claim::Run(permit) = table.claim("t1", "k", 7).await else {
             panic!("first claim runs");
         };
         let served = table.finish(permit, ok("answer"), false).await;
         assert_eq!(text(served).await, "answer");
-        let Claim::Replay(r) = table.claim("t1", "k").await else {
+        let Claim::Replay(r) = table.claim("t1", "k", 7).await else {
             panic!("second claim replays");
         };
         assert_eq!(r.headers()["x-switchyard-idempotent-replay"], "true");
         assert_eq!(text(r).await, "answer");
-        assert!(matches!(table.claim("t2", "k").await, Claim::Run(_)));
+        assert!(matches!(table.claim("t2", "k", 7).await, Claim::Run(_)));
     }
 
     #[tokio::test]
     async fn idempotency_twin_waits_for_the_first_then_replays() {
         let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
-        let Claim::Run(permit) = table.claim("t", "k").await else {
+        let Claim::Run(permit) = table.claim("t", "k", 7).await else {
             panic!("first claim runs");
         };
         let twin = {
             let table = table.clone();
-            tokio::spawn(async move { table.claim("t", "k").await })
+            tokio::spawn(async move { table.claim("t", "k", 7).await })
         };
         tokio::task::yield_now().await;
         table.finish(permit, ok("once"), false).await;
@@ -245,45 +283,56 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn idempotency_failed_or_streamed_request_is_forgotten() {
+    async fn idempotency_failed_request_forgotten_stream_keeps_key() {
         let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
-        let Claim::Run(permit) = table.claim("t", "k").await else {
+        let Claim::Run(permit) = table.claim("t", "k", 7).await else {
             panic!()
         };
         let mut failed = ok("no");
         *failed.status_mut() = StatusCode::BAD_GATEWAY;
         table.finish(permit, failed, false).await;
-        let Claim::Run(permit) = table.claim("t", "k").await else {
+        let Claim::Run(permit) = table.claim("t", "k", 7).await else {
             panic!("a failed request may be retried with its key");
         };
         table.finish(permit, ok("stream"), true).await;
-        assert!(matches!(table.claim("t", "k").await, Claim::Run(_)));
+        assert!(matches!(table.claim("t", "k", 7).await, Claim::Conflict));
+    }
+
+    #[tokio::test]
+    async fn idempotency_key_reused_for_another_request_is_refused() {
+        let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
+        let Claim::Run(permit) = table.claim("t", "k", 1).await else {
+            panic!()
+        };
+        table.finish(permit, ok("a"), false).await;
+        assert!(matches!(table.claim("t", "k", 2).await, Claim::Reused));
+        assert!(matches!(table.claim("t", "k", 1).await, Claim::Replay(_)));
     }
 
     #[tokio::test]
     async fn idempotency_abandoned_request_frees_its_key_and_twin_gets_conflict() {
         let table = Arc::new(Idempotency::new(Duration::from_secs(60)));
-        let Claim::Run(permit) = table.claim("t", "k").await else {
+        let Claim::Run(permit) = table.claim("t", "k", 7).await else {
             panic!()
         };
         let twin = {
             let table = table.clone();
-            tokio::spawn(async move { table.claim("t", "k").await })
+            tokio::spawn(async move { table.claim("t", "k", 7).await })
         };
         tokio::task::yield_now().await;
         drop(permit);
         assert!(matches!(twin.await.unwrap(), Claim::Conflict));
-        assert!(matches!(table.claim("t", "k").await, Claim::Run(_)));
+        assert!(matches!(table.claim("t", "k", 7).await, Claim::Run(_)));
     }
 
     #[tokio::test(start_paused = true)]
     async fn idempotency_answer_expires_after_ttl() {
         let table = Arc::new(Idempotency::new(Duration::from_secs(10)));
-        let Claim::Run(permit) = table.claim("t", "k").await else {
+        let Claim::Run(permit) = table.claim("t", "k", 7).await else {
             panic!()
         };
         table.finish(permit, ok("a"), false).await;
         tokio::time::advance(Duration::from_secs(11)).await;
-        assert!(matches!(table.claim("t", "k").await, Claim::Run(_)));
+        assert!(matches!(table.claim("t", "k", 7).await, Claim::Run(_)));
     }
 }

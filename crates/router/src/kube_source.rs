@@ -1015,6 +1015,8 @@ impl Applier {
         // usable status weights are already the right ones (no window with stale weights).
         set_availabilities(&shared.app.runtime.live(), providers);
         shared.app.runtime.swap(table);
+        // Limits may have grown: let waiting requests try again.
+        shared.app.broker.capacity_freed();
         self.blocked = blocked;
         let outcome = if self.messages.iter().any(|m| m.contains(" rejected: ")) {
             "invalid"

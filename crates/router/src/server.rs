@@ -359,7 +359,15 @@ async fn handle(app: Arc<App>, op: ClientOp, request: Request) -> Response {
                     .as_ref()
                     .map_or_else(|| "anonymous".to_owned(), |t| t.key.clone());
                 let streamed = req.stream;
-                match app.idempotency.claim(&tenant, &key).await {
+                match app.idempotency.claim(&tenant, &key, req.fingerprint).await {
+                    crate::idempotency::Claim::Reused => {
+                        let e = ApiError::new(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "idempotency_key_reused",
+                            "this Idempotency-Key was used for a different request (endpoint or body)",
+                        );
+                        with_id(e.into_response(dialect))
+                    }
                     crate::idempotency::Claim::Replay(r) => with_id(r),
                     crate::idempotency::Claim::Conflict => {
                         let e = ApiError::new(
@@ -560,6 +568,7 @@ async fn prepare(
             estimated_input_tokens,
             output_allowance,
             estimate,
+            fingerprint: xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, op as u64),
         },
     ))
 }

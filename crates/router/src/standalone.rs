@@ -140,6 +140,8 @@ pub fn reload(app: &App, dir: &Path, secrets: &SecretSource) -> Result<(), LoadE
     match build(dir, secrets) {
         Ok(table) => {
             app.runtime.swap(table);
+            // Limits may have grown: let waiting requests try again.
+            app.broker.capacity_freed();
             lock(&app.config_messages).clear();
             app.metrics.reloads.get_or_create(&outcome("ok")).inc();
             tracing::info!("configuration reloaded");
