@@ -335,6 +335,34 @@ impl Broker {
     }
 }
 
+/// The quota store a router starts with: in process, or Redis when `redis` is set.
+///
+/// An unreachable Redis at start is retried every 2 s (logged each time) rather than ending
+/// the process: in Kubernetes a router that exits on a Redis outage would crash-loop, and one
+/// that silently started on local buckets would multiply every limit by the replica count
+/// without saying so. A running router that loses Redis falls back to its local share instead
+/// (see `switchyard_store`). An invalid URL is an error at once.
+///
+/// # Errors
+/// [`switchyard_store::StoreError::Url`] for a URL that does not parse.
+pub async fn connect_store(
+    redis: Option<&switchyard_store::RedisOptions>,
+) -> Result<QuotaStore, switchyard_store::StoreError> {
+    let Some(opts) = redis else {
+        return Ok(QuotaStore::in_process());
+    };
+    loop {
+        match QuotaStore::redis(opts.clone()).await {
+            Ok(store) => return Ok(store),
+            Err(e @ switchyard_store::StoreError::Url(_)) => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "quota store: Redis unreachable at start; retrying in 2 s");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
+}
+
 /// One provider-reported figure: `remaining` units of `dimension` and, when reported, the time
 /// until the provider's bucket is full again or its window resets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -263,12 +263,9 @@ impl KubeRouter {
     /// # Errors
     /// The quota store cannot be set up, or the listen address cannot be bound.
     pub async fn start(client: Client, options: Options) -> Result<KubeRouter, StartError> {
-        let store = match &options.redis {
-            Some(redis) => switchyard_store::QuotaStore::redis(redis.clone())
-                .await
-                .map_err(StartError::Store)?,
-            None => switchyard_store::QuotaStore::in_process(),
-        };
+        let store = crate::broker::connect_store(options.redis.as_ref())
+            .await
+            .map_err(StartError::Store)?;
         let app = App::with_store(
             Runtime::new(RoutingTable::default()),
             options.max_body_bytes,

@@ -95,12 +95,9 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let table = build(&options.manifests, &options.secrets)?;
     let runtime = Runtime::new(table);
-    let store = match &options.redis {
-        Some(redis) => switchyard_store::QuotaStore::redis(redis.clone())
-            .await
-            .map_err(StartError::Store)?,
-        None => switchyard_store::QuotaStore::in_process(),
-    };
+    let store = crate::broker::connect_store(options.redis.as_ref())
+        .await
+        .map_err(StartError::Store)?;
     let app = App::with_store(runtime, options.max_body_bytes, store);
     app.idempotency.set_ttl(options.idempotency_ttl);
     let listener = tokio::net::TcpListener::bind(options.listen)
