@@ -234,37 +234,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 redis: redis.options(),
                 idempotency_ttl,
             };
-            // First SIGINT/SIGTERM: stop accepting and drain in-flight requests; a second
-            // signal, or the grace period running out, ends the process with requests still
-            // in flight.
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                eprintln!(
-                    "shutting down: draining in-flight requests (up to {}s; signal again to stop now)",
-                    SHUTDOWN_GRACE.as_secs()
-                );
-                let _ = stop_tx.send(true);
-            });
-            let mut drain_rx = stop_rx.clone();
-            let shutdown = async move {
-                let _ = drain_rx.wait_for(|stop| *stop).await;
-            };
-            let mut forced_rx = stop_rx;
-            let forced = async move {
-                let _ = forced_rx.wait_for(|stop| *stop).await;
-                tokio::select! {
-                    () = tokio::time::sleep(SHUTDOWN_GRACE) => {}
-                    () = shutdown_signal() => {}
-                }
-            };
-            let served = tokio::select! {
-                served = switchyard_router::standalone::run(options, shutdown) => served,
-                () = forced => {
-                    eprintln!("shutting down now with requests still in flight");
-                    Ok(())
-                }
-            };
+            let served =
+                with_drain(|shutdown| switchyard_router::standalone::run(options, shutdown)).await;
             for h in handles {
                 h.shutdown().await;
             }
