@@ -70,18 +70,9 @@ struct Room {
     next_refill: Option<switchyard_core::time::Instant>,
 }
 
-/// Why a request could not get a reservation.
-#[derive(Debug, Clone)]
-pub enum Blocked {
-    /// A bucket refused (tenant, route, or every provider's).
-    Refused(Box<Refusal>),
-    /// The waiting room refused or gave up (`queue_full`, `queue_deadline`).
-    Queue(QueueReason, Box<Refusal>),
-}
-
 impl Broker {
     /// A broker over `store`, with the default workload classes (`interactive`, `production`,
-    /// `batch`).
+    /// `batch`) and a DRR quantum of 256 tokens per unit of weight.
     pub fn new(store: QuotaStore) -> Arc<Broker> {
         Arc::new(Broker {
             store,
