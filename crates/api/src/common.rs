@@ -147,6 +147,9 @@ pub mod reason {
     /// A referenced Secret could not be read.
     pub const SECRET_UNAVAILABLE: &str = "SecretUnavailable";
     /// Availability fell below the degraded threshold.
+    /// The provider's settings cannot work with its API (a region that is not a region
+    /// name, no project, an endpoint that is not a URL, keys that do not parse).
+    pub const PROVIDER_UNUSABLE: &str = "ProviderUnusable";
     pub const LOW_AVAILABILITY: &str = "LowAvailability";
     /// Availability is back above the threshold.
     pub const RECOVERED: &str = "Recovered";

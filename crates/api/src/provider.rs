@@ -32,17 +32,28 @@ use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, SecretKeyRef};
 #[x_kube(
     validation = kube::core::Rule::new("self.models.all(m, self.models.exists_one(n, n.name == m.name))").message("model names must be unique within a provider"),
     validation = kube::core::Rule::new("!has(self.healthCheck) || !has(self.healthCheck.probes) || self.healthCheck.probes.all(p, !has(p.model) || self.models.exists(m, m.name == p.model))").message("healthCheck.probes[].model must name one of models[]"),
+    validation = kube::core::Rule::new("has(self.endpoint) || self.api == 'vertex' || self.api == 'bedrock'").message("endpoint is required unless api is vertex or bedrock (their hosts follow from region)"),
+    validation = kube::core::Rule::new("(self.api != 'vertex' && self.api != 'bedrock') || has(self.region)").message("region is required for api vertex (the location) and bedrock (the AWS region)"),
+    validation = kube::core::Rule::new("self.api != 'vertex' || (has(self.vertex) && has(self.vertex.projectId))").message("api vertex needs vertex.projectId"),
+    validation = kube::core::Rule::new("!has(self.vertex) || self.api == 'vertex'").message("vertex settings are only for api vertex"),
+    validation = kube::core::Rule::new("!has(self.bedrock) || self.api == 'bedrock'").message("bedrock settings are only for api bedrock"),
+    validation = kube::core::Rule::new("self.api != 'bedrock' || !has(self.credentials) || has(self.credentials.accessKeyIdRef)").message("bedrock credentials need accessKeyIdRef (secretRef holds the secret access key)"),
+    validation = kube::core::Rule::new("!has(self.credentials) || ((!has(self.credentials.accessKeyIdRef) && !has(self.credentials.sessionTokenRef)) || self.api == 'bedrock')").message("credentials.accessKeyIdRef and sessionTokenRef are only for api bedrock"),
+    validation = kube::core::Rule::new("self.api == 'bedrock' || self.models.all(m, !has(m.bedrockApi))").message("models[].bedrockApi is only for api bedrock"),
 )]
 pub struct LLMProviderSpec {
     /// Wire protocol spoken by the endpoint.
     pub api: ProviderApi,
     /// Base URL of the API, such as `https://api.anthropic.com` (paths like `/v1/messages` are
-    /// appended by the adapter).
+    /// appended by the adapter). Required for `openai` and `anthropic`; for `vertex` and
+    /// `bedrock` the host follows from `region` and this only overrides it (private endpoints,
+    /// tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 2048),
         regex(pattern = r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
     )]
-    pub endpoint: String,
+    pub endpoint: Option<String>,
     /// Region where requests execute, such as `us-east-1` or `europe-west4`; compared with the
     /// allowed regions of routing policies and tenants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,9 +67,16 @@ pub struct LLMProviderSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub execution_regions: Vec<String>,
-    /// Credentials presented to the provider.
+    /// Credentials presented to the provider. Optional for `vertex` (absent: tokens from the
+    /// GKE metadata server, workload identity) and `bedrock` (absent: IRSA web identity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<ProviderCredentials>,
+    /// Vertex AI settings (`api: vertex`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertex: Option<VertexSpec>,
+    /// Bedrock settings (`api: bedrock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bedrock: Option<BedrockSpec>,
     /// Models served, by their public names.
     #[schemars(length(min = 1, max = 64))]
     pub models: Vec<ProviderModel>,
@@ -93,11 +111,87 @@ pub enum ProviderApi {
 }
 
 /// Credentials presented to a provider.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("(!has(self.accessKeyIdRef) || self.accessKeyIdRef.name == self.secretRef.name) && (!has(self.sessionTokenRef) || self.sessionTokenRef.name == self.secretRef.name)").message("accessKeyIdRef and sessionTokenRef must name the same Secret as secretRef"),
+)]
+pub struct ProviderCredentials {
+    /// Secret key holding the credential: the API key (`openai`, `anthropic`), the
+    /// service-account JSON key (`vertex`), or the secret access key (`bedrock`).
+    pub secret_ref: SecretKeyRef,
+    /// `bedrock` only: key of the same Secret holding the access key id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id_ref: Option<SecretKeyRef>,
+    /// `bedrock` only: key of the same Secret holding a session token (temporary keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token_ref: Option<SecretKeyRef>,
+}
+
+/// Vertex AI settings of an `api: vertex` provider; `region` is the location (`global`, the
+/// `us` / `eu` multi-regions, or a region such as `us-east5`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct ProviderCredentials {
-    /// Secret key holding the API key or token.
-    pub secret_ref: SecretKeyRef,
+pub struct VertexSpec {
+    /// Google Cloud project id the models are called in.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z][-a-z0-9]*[a-z0-9]$")
+    )]
+    pub project_id: String,
+    /// OAuth2 token endpoint for the service-account JWT grant; default: the key file's
+    /// `token_uri`, else `https://oauth2.googleapis.com/token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 2048),
+        regex(pattern = r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    )]
+    pub token_url: Option<String>,
+    /// Metadata server base URL used when no key is given (GKE workload identity); default
+    /// `http://metadata.google.internal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 2048),
+        regex(pattern = r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    )]
+    pub metadata_url: Option<String>,
+}
+
+/// Bedrock settings of an `api: bedrock` provider; `region` is the AWS region.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BedrockSpec {
+    /// Role assumed with the web-identity token when no credentials are given (IRSA); default
+    /// the `AWS_ROLE_ARN` environment variable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 20, max = 2048),
+        regex(pattern = r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+$")
+    )]
+    pub role_arn: Option<String>,
+    /// Web-identity token file (IRSA); default the `AWS_WEB_IDENTITY_TOKEN_FILE` environment
+    /// variable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub web_identity_token_file: Option<String>,
+    /// STS endpoint for `AssumeRoleWithWebIdentity`; default `https://sts.REGION.amazonaws.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 2048),
+        regex(pattern = r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    )]
+    pub sts_endpoint: Option<String>,
+}
+
+/// Which Bedrock runtime API serves a model.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum BedrockModelApi {
+    /// `Converse` / `ConverseStream`: one request shape for every model.
+    Converse,
+    /// `InvokeModel` / `InvokeModelWithResponseStream` with the Anthropic Messages body
+    /// (Anthropic models only): keeps prompt-cache breakpoints and betas exactly.
+    Invoke,
 }
 
 /// What kind of input or output a model handles; probes and candidate filtering are per modality.
@@ -143,6 +237,11 @@ pub struct ProviderModel {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub context_window: Option<u32>,
+    /// `bedrock` only: the runtime API used for this model; default `invoke` for Anthropic
+    /// model ids (base ids, inference profiles and ARNs naming `anthropic.`), `converse` for
+    /// the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bedrock_api: Option<BedrockModelApi>,
     /// List prices, used for spend buckets and cost accounting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,

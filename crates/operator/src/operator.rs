@@ -220,14 +220,14 @@ impl Operator {
         self.probes.reset_secrets(all);
     }
 
-    /// Runs the probe loop ([`switchyard_router::probe::run`]) over the cached providers with
+    /// Runs the probe loop ([`switchyard_providers::probe::run`]) over the cached providers with
     /// `healthCheck.enabled`, on the leader only (a follower probes nothing and its board
     /// empties). Returns at once when probes are off; otherwise runs until dropped.
     pub async fn run_probes(&self) {
         if !self.probes.enabled {
             return;
         }
-        switchyard_router::probe::run(&self.probes.board, self.probes.clock, || {
+        switchyard_providers::probe::run(&self.probes.board, self.probes.clock, || {
             if self.settings.leadership.is_leader() {
                 self.probes.jobs(&self.stores.providers.state())
             } else {

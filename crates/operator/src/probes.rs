@@ -2,12 +2,13 @@
 //! leader probes every LLMProvider with `healthCheck.enabled` and writes the per-modality
 //! verdicts into `status.health`, which routers in Kubernetes mode read (fail-open).
 //!
-//! The probes themselves are the router's ([`switchyard_router::probe`]): the same request
-//! per modality, the same classification, the same [`HealthBoard`]. The operator only supplies
-//! the jobs: upstream clients built by [`RoutingTable::build`] from the cached providers and
-//! the values of the Secrets they reference, exactly as the router's Kubernetes source builds
-//! them, so both processes send the same credentials to the same endpoints. Layering note:
-//! this makes `switchyard-operator` depend on `switchyard-router` (never the reverse).
+//! The probes themselves are `switchyard_providers::probe`'s, the same ones the router runs
+//! in standalone mode: the same request per modality through the same adapters, the same
+//! classification, the same [`HealthBoard`]. The operator only supplies the jobs: upstream
+//! clients built by [`UpstreamClient::for_provider`] from the cached providers and the values
+//! of the Secrets they reference, exactly as the router builds them, so both processes send
+//! the same credentials to the same endpoints. Layering: the operator and the router both
+//! depend on `switchyard-providers` and never on each other.
 //!
 //! Write rule for `status.health` (STYLE pattern 3 with one exception): a write happens when a
 //! verdict, reason or message changes; timestamps alone do not count, except that the router
@@ -24,12 +25,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use switchyard_api::LLMProvider;
-use switchyard_api::loader::Manifests;
 use switchyard_api::provider::ModalityHealth;
-use switchyard_router::clock::Clock as ProbeClock;
-use switchyard_router::config::{InMemorySecrets, RoutingTable, SecretSource};
-use switchyard_router::health::HealthBoard;
-use switchyard_router::probe::{self, ProbeJob};
+use switchyard_providers::clock::Clock as ProbeClock;
+use switchyard_providers::health::HealthBoard;
+use switchyard_providers::probe::{self, ProbeJob};
+use switchyard_providers::secrets::{InMemorySecrets, SecretSource};
+use switchyard_providers::upstream::UpstreamClient;
 
 use crate::operator::lock;
 use crate::status::key_of;
@@ -148,19 +149,27 @@ impl Probes {
                         .insert((ns, c.secret_ref.name.clone()), data.clone());
                 }
             }
-            let manifests = Manifests {
-                providers: fresh.iter().map(|(_, _, p)| p.clone()).collect(),
-                ..Manifests::default()
-            };
             let secrets = SecretSource {
                 dir: None,
                 memory: Some(Arc::new(memory)),
             };
-            let table = RoutingTable::build(&manifests, &secrets);
-            for job in probe::jobs_of(&table) {
-                if let Some((_, f, _)) = fresh.iter().find(|(k, ..)| *k == job.provider) {
-                    next.insert(job.provider.clone(), (f.clone(), job));
-                }
+            for (key, f, p) in fresh {
+                let (Some(plan), Ok(client)) = (
+                    probe::plan(&p.spec),
+                    UpstreamClient::for_provider(
+                        &p.spec,
+                        p.metadata.namespace.as_deref().unwrap_or("default"),
+                        &secrets,
+                    ),
+                ) else {
+                    continue;
+                };
+                let job = ProbeJob {
+                    provider: key.clone(),
+                    client,
+                    plan: Arc::new(plan),
+                };
+                next.insert(key, (f, job));
             }
         }
         let jobs = next.values().map(|(_, j)| j.clone()).collect();

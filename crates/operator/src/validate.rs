@@ -263,6 +263,44 @@ pub fn validate(world: &World, validator: &SchemaChecker) -> Verdicts {
             );
         }
     }
+    for p in &world.providers {
+        let ns = ns_of(&**p);
+        let extra = p.spec.credentials.iter().flat_map(|c| {
+            [
+                ("spec.credentials.accessKeyIdRef", &c.access_key_id_ref),
+                ("spec.credentials.sessionTokenRef", &c.session_token_ref),
+            ]
+        });
+        for (field, r) in extra {
+            if let Some(r) = r
+                && let Err(message) = world.secrets.resolve(&ns, r)
+            {
+                push(
+                    "LLMProvider",
+                    &ns,
+                    &p.name_any(),
+                    Problem {
+                        reason: reason::SECRET_NOT_FOUND,
+                        field: Some(field.to_owned()),
+                        message,
+                    },
+                );
+            }
+        }
+        // The adapter's own settings checks, shared with the router.
+        if let Err(message) = switchyard_providers::adapter::check_spec(&p.spec) {
+            push(
+                "LLMProvider",
+                &ns,
+                &p.name_any(),
+                Problem {
+                    reason: reason::PROVIDER_UNUSABLE,
+                    field: Some("spec".to_owned()),
+                    message,
+                },
+            );
+        }
+    }
     for t in &world.tenants {
         let ns = ns_of(&**t);
         for (i, key) in t.spec.api_keys.iter().enumerate() {

@@ -4,7 +4,6 @@
 //! in; handlers never lock shared configuration.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,84 +14,16 @@ use switchyard_api::loader::Manifests;
 use switchyard_api::policy::{FallbackErrorClass, ServiceType, Strategy};
 use switchyard_api::provider::{Modality, ProviderApi};
 use switchyard_api::tenant::OverloadAction;
-use switchyard_api::{
-    LLMProvider, Limit, LimitDimension, LimitRule, RoutingPolicy, SecretKeyRef, TenantQuota,
-};
+use switchyard_api::{LLMProvider, Limit, LimitDimension, LimitRule, RoutingPolicy, TenantQuota};
 use switchyard_core::availability::ControllerConfig;
 use switchyard_core::breaker::BreakerConfig;
 use switchyard_core::classify::ErrorClass;
 use switchyard_core::quota::{BucketSpec, Dimension, Rule, Scope};
 
-use crate::upstream::{ProviderEndpoint, ProviderKind, UpstreamClient};
+use crate::upstream::{ProviderKind, UpstreamClient};
 use crate::wire::usage::Pricing;
 
-/// Where `secretRef`s are resolved: Secrets held in memory (Kubernetes mode, from the
-/// reflector), then environment variables, then files (standalone mode).
-#[derive(Debug, Clone, Default)]
-pub struct SecretSource {
-    /// Folder holding `<secret-name>/<key>` files; environment variables are tried first.
-    pub dir: Option<PathBuf>,
-    /// Secrets read from the cluster, consulted first when present.
-    pub memory: Option<Arc<InMemorySecrets>>,
-}
-
-/// Secret values held in memory, keyed by namespace and Secret name, then by data key.
-/// `Debug` prints names only, never values.
-#[derive(Clone, Default)]
-pub struct InMemorySecrets(pub BTreeMap<(String, String), BTreeMap<String, String>>);
-
-impl std::fmt::Debug for InMemorySecrets {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set()
-            .entries(self.0.keys().map(|(ns, name)| format!("{ns}/{name}")))
-            .finish()
-    }
-}
-
-impl SecretSource {
-    /// Environment variable consulted for a reference: `SWITCHYARD_SECRET_<NAME>_<KEY>`,
-    /// upper-cased, with `-` and `.` turned into `_`.
-    pub fn env_name(r: &SecretKeyRef) -> String {
-        let clean = |s: &str| s.to_ascii_uppercase().replace(['-', '.'], "_");
-        format!("SWITCHYARD_SECRET_{}_{}", clean(&r.name), clean(&r.key))
-    }
-
-    /// [`Self::resolve`] for a reference made from `namespace`: the in-memory Secrets first
-    /// (a Secret that exists there but lacks the key is an error, not a fall-through).
-    pub fn resolve_in(&self, namespace: &str, r: &SecretKeyRef) -> Result<String, String> {
-        if let Some(memory) = &self.memory
-            && let Some(data) = memory.0.get(&(namespace.to_owned(), r.name.clone()))
-        {
-            return data
-                .get(&r.key)
-                .map(|v| v.trim().to_owned())
-                .ok_or_else(|| format!("secret {namespace}/{} has no key {:?}", r.name, r.key));
-        }
-        self.resolve(r)
-    }
-
-    /// The secret's value, trimmed of surrounding whitespace, or a message saying where it
-    /// was looked for.
-    pub fn resolve(&self, r: &SecretKeyRef) -> Result<String, String> {
-        let env = Self::env_name(r);
-        if let Ok(value) = std::env::var(&env) {
-            return Ok(value.trim().to_owned());
-        }
-        if let Some(dir) = &self.dir {
-            let path = dir.join(&r.name).join(&r.key);
-            if let Ok(value) = std::fs::read_to_string(&path) {
-                return Ok(value.trim().to_owned());
-            }
-            return Err(format!(
-                "secret {}/{} not found in ${env} nor in {}",
-                r.name,
-                r.key,
-                path.display()
-            ));
-        }
-        Err(format!("secret {}/{} not found in ${env}", r.name, r.key))
-    }
-}
+pub use switchyard_providers::secrets::{InMemorySecrets, SecretSource};
 
 /// A model as served by one provider.
 #[derive(Debug, Clone)]
@@ -139,9 +70,10 @@ pub struct ProviderConfig {
 }
 
 impl ProviderConfig {
-    /// The wire dialect of the adapter.
-    pub fn kind(&self) -> Option<ProviderKind> {
-        self.client.as_ref().ok().map(|c| c.endpoint().kind)
+    /// The dialect chat bodies for upstream model `model` must be in, when the provider is
+    /// usable.
+    pub fn kind(&self, model: &str) -> Option<ProviderKind> {
+        self.client.as_ref().ok().map(|c| c.kind(model))
     }
 
     /// Whether every region the provider may execute in is within `allowed` (empty = any).
@@ -435,26 +367,7 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
     let namespace = p.namespace().unwrap_or_else(|| "default".to_owned());
     let name = p.name_any();
     let spec = &p.spec;
-    let timeouts = spec.timeouts.clone().unwrap_or_default();
-    let kind = match spec.api {
-        ProviderApi::Openai => Ok(ProviderKind::OpenAi),
-        ProviderApi::Anthropic => Ok(ProviderKind::Anthropic),
-        ProviderApi::Vertex | ProviderApi::Bedrock => Err(format!(
-            "api {:?} is declared but this router build has no adapter for it yet",
-            spec.api
-        )),
-    };
-    let api_key = match &spec.credentials {
-        Some(c) => secrets.resolve_in(&namespace, &c.secret_ref),
-        None => Ok(String::new()),
-    };
-    let client = kind.and_then(|kind| {
-        let mut endpoint = ProviderEndpoint::new(kind, spec.endpoint.clone(), api_key?);
-        endpoint.connect_timeout =
-            duration::or(timeouts.connect.as_deref(), Duration::from_secs(5));
-        endpoint.total_timeout = duration::or(timeouts.total.as_deref(), Duration::from_secs(600));
-        UpstreamClient::new(endpoint).map_err(|e| e.to_string())
-    });
+    let client = UpstreamClient::for_provider(spec, &namespace, secrets);
     let breaker = spec.circuit_breaker.clone().unwrap_or_default();
     let mut breaker_cfg = BreakerConfig::default();
     if let Some(n) = breaker.consecutive_failures {
@@ -766,6 +679,7 @@ fn build_tenant(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_api::SecretKeyRef;
 
     #[test]
     fn usd_to_micro_decimals_exact() {

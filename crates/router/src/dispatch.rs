@@ -26,8 +26,7 @@ use switchyard_api::policy::Strategy;
 use switchyard_api::provider::Modality;
 use switchyard_core::breaker::BreakerState;
 use switchyard_core::classify::{
-    Classification, ErrorClass, TransportFailure, classify_response, classify_stream_error_at,
-    classify_transport,
+    Classification, ErrorClass, TransportFailure, classify_stream_error_at, classify_transport,
 };
 use switchyard_core::pause::{
     Admission, AttemptContext, PausePolicy, RetryDecision, RetryPolicy, next_attempt,
@@ -42,12 +41,13 @@ use crate::config::{ProviderConfig, Route, Tenant};
 use crate::server::App;
 use crate::state::{Live, ProviderState, lock};
 use crate::upstream::{Operation, ProviderKind, TransportError, UpstreamResponse};
-use crate::wire::sse::{SseItem, SseParser, encode_item};
+use crate::wire::sse::{SseItem, encode_item};
 use crate::wire::translate::{self, RequestOptions, StreamTranslator};
 use crate::wire::usage::{NormalizedUsage, Pricing, UsageSource};
 use crate::wire::{
     Dialect, anthropic, classify as stream_classify, error_body, error_event, openai,
 };
+use switchyard_providers::adapter::StreamDecoder;
 
 /// Largest upstream body read into memory for a non-streamed response or an error.
 const MAX_UPSTREAM_BODY: usize = 32 * 1024 * 1024;
@@ -801,7 +801,13 @@ async fn run(
             {
                 return false;
             }
-            p.kind().and_then(|k| operation(req.op, k)).is_some()
+            p.kind(&rp.upstream_model)
+                .and_then(|k| operation(req.op, k))
+                .is_some_and(|op| {
+                    p.client
+                        .as_ref()
+                        .is_ok_and(|c| c.serves(op, &rp.upstream_model))
+                })
         })
         .map(|(pos, _)| pos)
         .collect();
@@ -1399,8 +1405,8 @@ async fn attempt(
             status: None,
         });
     };
-    let kind = client.endpoint().kind;
-    let Some(op) = operation(req.op, kind) else {
+    let kind = client.kind(model);
+    let Some(op) = operation(req.op, kind).filter(|&op| client.serves(op, model)) else {
         unsent(quota);
         return Attempt::Failed(Failure {
             classification: Classification::new(ErrorClass::Request),
@@ -1447,8 +1453,11 @@ async fn attempt(
             classify_transport(TransportFailure::RequestDeadline)
         }
     };
-    let sent =
-        tokio::time::timeout_at(first_token_deadline, client.send(op, body, streaming)).await;
+    let sent = tokio::time::timeout_at(
+        first_token_deadline,
+        client.send(op, model, body, streaming),
+    )
+    .await;
     let response = match sent {
         Err(_) => return fail(guard, timed_out(header_budget)),
         Ok(Err(e)) => return fail(guard, transport_class(&e)),
@@ -1471,7 +1480,9 @@ async fn attempt(
             Ok(Ok(b)) => b,
             _ => Bytes::new(),
         };
-        let c = classify_response(status, &headers, &body, app.clock.wall());
+        let c = client
+            .adapter()
+            .classify(status, &headers, &body, app.clock.wall());
         let class = c.class;
         let failure = Failure {
             classification: c,
@@ -1481,12 +1492,22 @@ async fn attempt(
         return Attempt::Failed(failure);
     }
     if streaming {
+        if let Err(message) = client.adapter().accepts_stream(&response.headers) {
+            let c = Classification {
+                message: Some(message),
+                code: Some("invalid_upstream_stream".to_owned()),
+                ..Classification::new(ErrorClass::Server)
+            };
+            return fail(guard, c);
+        }
+        let decoder = client.adapter().stream_decoder(op, model);
         stream_attempt(
             app,
             guard,
             kind,
             req,
             response,
+            decoder,
             first_token_deadline,
             deadline,
         )
@@ -1497,6 +1518,17 @@ async fn attempt(
             Err(_) => return fail(guard, timed_out(attempt_remaining)),
             Ok(Err(e)) => return fail(guard, transport_class(&e)),
             Ok(Ok(b)) => b,
+        };
+        let body = match client.adapter().decode(op, model, body) {
+            Ok(b) => b,
+            Err(message) => {
+                let c = Classification {
+                    message: Some(message),
+                    code: Some("invalid_upstream_response".to_owned()),
+                    ..Classification::new(ErrorClass::Server)
+                };
+                return fail(guard, c);
+            }
         };
         match translate_response(app, req.op, kind, &body) {
             Ok((bytes, usage)) => {
@@ -1532,6 +1564,15 @@ fn transport_class(e: &TransportError) -> Classification {
     let kind = match e {
         TransportError::Connect(_) => TransportFailure::Connect,
         TransportError::Timeout => TransportFailure::ResponseTimeout,
+        // Nothing reached the model: the provider's credentials are broken (an auth fault of
+        // that provider, failed over like a 401).
+        TransportError::Credentials(m) => {
+            return Classification {
+                message: Some(m.clone()),
+                code: Some("provider_credentials".to_owned()),
+                ..Classification::new(ErrorClass::Auth)
+            };
+        }
         _ => TransportFailure::ConnectionReset,
     };
     Classification {
@@ -1634,18 +1675,21 @@ fn provider_dialect(kind: ProviderKind) -> Dialect {
 }
 
 /// Reads a stream up to its first content (holding the preamble), then commits it.
+#[allow(clippy::too_many_arguments)]
 async fn stream_attempt(
     app: &Arc<App>,
     guard: AttemptGuard,
     kind: ProviderKind,
     req: &ClientRequest,
     response: UpstreamResponse,
+    mut parser: Box<dyn StreamDecoder>,
     first_token_deadline: tokio::time::Instant,
     deadline: switchyard_core::time::Instant,
 ) -> Attempt {
     let upstream_dialect = provider_dialect(kind);
-    let mut translator = translator(app, req.op, kind, req.client_wants_usage);
-    let mut parser = SseParser::new();
+    // Delivered output of a stream cut before usage is counted with the router's tokenizer.
+    let mut translator = translator(app, req.op, kind, req.client_wants_usage)
+        .count_output_with(crate::estimate::count_tokens);
     let mut body = response.body;
     let mut held = BytesMut::new();
     let sent_at = guard.started;
@@ -1740,7 +1784,7 @@ fn commit(
     guard: AttemptGuard,
     client_dialect: Dialect,
     mut translator: StreamTranslator,
-    mut parser: SseParser,
+    mut parser: Box<dyn StreamDecoder>,
     mut upstream: crate::upstream::UpstreamBody,
     held: Bytes,
     rest: Vec<SseItem>,
@@ -1802,7 +1846,19 @@ fn commit(
                     // A clean end of the body. A half event left in the parser is dropped; a
                     // provider that signalled the end but omitted its terminator gets one from
                     // the translator; anything else was truncated.
-                    let tail = parser.finish();
+                    let mut tail = None;
+                    for item in parser.finish() {
+                        match item {
+                            SseItem::Incomplete(_) => tail = Some(item),
+                            other => match translator.push(&other) {
+                                Ok(items) => items.iter().for_each(|o| out.extend_from_slice(&encode_item(o))),
+                                Err(e) => {
+                                    failure = Some((ErrorClass::Server, e.to_string()));
+                                    break 'pump;
+                                }
+                            },
+                        }
+                    }
                     if !translator.is_finished() {
                         translator.finish().iter().for_each(|o| out.extend_from_slice(&encode_item(o)));
                     }

@@ -583,7 +583,7 @@ async fn apply_loop(shared: Arc<Shared>) {
 /// One object of a Switchyard kind, as validated and kept.
 #[derive(Debug, Clone)]
 enum Object {
-    Provider(LLMProvider),
+    Provider(Box<LLMProvider>),
     Policy(RoutingPolicy),
     Tenant(TenantQuota),
 }
@@ -808,7 +808,7 @@ impl Applier {
     ) {
         let mut set: BTreeMap<String, Object> = providers
             .iter()
-            .map(|o| Object::Provider(o.as_ref().clone()))
+            .map(|o| Object::Provider(Box::new(o.as_ref().clone())))
             .chain(policies.iter().map(|o| Object::Policy(o.as_ref().clone())))
             .chain(tenants.iter().map(|o| Object::Tenant(o.as_ref().clone())))
             .map(|o| (o.id(), o))
@@ -864,7 +864,7 @@ impl Applier {
         let mut manifests = Manifests::default();
         for o in set.into_values() {
             match o {
-                Object::Provider(p) => manifests.providers.push(p),
+                Object::Provider(p) => manifests.providers.push(*p),
                 Object::Policy(p) => manifests.policies.push(p),
                 Object::Tenant(t) => manifests.tenants.push(t),
             }

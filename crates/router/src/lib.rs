@@ -7,12 +7,10 @@
 //! default: manifests from a folder, the control loop in-process.
 
 pub mod broker;
-pub mod clock;
 pub mod config;
 pub mod control;
 pub mod dispatch;
 pub mod estimate;
-pub mod health;
 pub mod idempotency;
 pub mod kube_source;
 pub mod metrics;
@@ -23,5 +21,7 @@ pub mod signals;
 pub mod standalone;
 pub mod state;
 pub mod status;
-pub mod upstream;
-pub mod wire;
+
+// Vendor adapters, wire formats, the upstream client and health probes live in
+// `switchyard-providers` (shared with the operator); re-exported under their old paths.
+pub use switchyard_providers::{clock, health, upstream, wire};

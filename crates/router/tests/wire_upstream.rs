@@ -17,9 +17,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures::StreamExt;
-use switchyard_router::upstream::{
-    Operation, ProviderEndpoint, ProviderKind, TransportError, UpstreamClient,
-};
+use switchyard_router::upstream::{Operation, ProviderKind, TransportError, UpstreamClient};
 use switchyard_router::wire::sse::{SseItem, parse_stream};
 use tokio::sync::mpsc;
 
@@ -50,11 +48,21 @@ async fn record(State(seen): State<Seen>, uri: Uri, headers: HeaderMap, body: By
         .into_response()
 }
 
-fn endpoint(kind: ProviderKind, addr: SocketAddr) -> ProviderEndpoint {
-    let mut ep = ProviderEndpoint::new(kind, format!("http://{addr}"), "sk-test-123");
-    ep.connect_timeout = Duration::from_secs(2);
-    ep.total_timeout = Duration::from_secs(10);
-    ep
+fn client_with(kind: ProviderKind, addr: SocketAddr, total: Duration) -> UpstreamClient {
+    UpstreamClient::direct(
+        kind,
+        &format!("http://{addr}"),
+        "sk-test-123",
+        switchyard_providers::adapter::Timeouts {
+            connect: Duration::from_secs(2),
+            total,
+        },
+    )
+    .unwrap()
+}
+
+fn client(kind: ProviderKind, addr: SocketAddr) -> UpstreamClient {
+    client_with(kind, addr, Duration::from_secs(10))
 }
 
 #[tokio::test]
@@ -64,10 +72,10 @@ async fn send_openai_chat_uses_bearer_auth_and_v1_path() {
         .fallback(post(record))
         .with_state(seen.clone());
     let addr = serve(app).await;
-    let client = UpstreamClient::new(endpoint(ProviderKind::OpenAi, addr)).unwrap();
+    let client = client(ProviderKind::OpenAi, addr);
     let body = Bytes::from_static(b"{\"model\":\"m\",\"messages\":[]}");
     let resp = client
-        .send(Operation::ChatCompletions, body.clone(), true)
+        .send(Operation::ChatCompletions, "m", body.clone(), true)
         .await
         .unwrap();
     assert_eq!(resp.status, StatusCode::OK);
@@ -89,10 +97,10 @@ async fn send_openai_embeddings_and_rerank_use_their_paths() {
         .fallback(post(record))
         .with_state(seen.clone());
     let addr = serve(app).await;
-    let client = UpstreamClient::new(endpoint(ProviderKind::OpenAi, addr)).unwrap();
+    let client = client(ProviderKind::OpenAi, addr);
     for op in [Operation::Embeddings, Operation::Rerank] {
         client
-            .send(op, Bytes::from_static(b"{}"), false)
+            .send(op, "m", Bytes::from_static(b"{}"), false)
             .await
             .unwrap();
     }
@@ -113,9 +121,9 @@ async fn send_anthropic_messages_uses_api_key_and_version_headers() {
         .fallback(post(record))
         .with_state(seen.clone());
     let addr = serve(app).await;
-    let client = UpstreamClient::new(endpoint(ProviderKind::Anthropic, addr)).unwrap();
+    let client = client(ProviderKind::Anthropic, addr);
     client
-        .send(Operation::Messages, Bytes::from_static(b"{}"), false)
+        .send(Operation::Messages, "m", Bytes::from_static(b"{}"), false)
         .await
         .unwrap();
     let reqs = seen.requests.lock().unwrap();
@@ -140,9 +148,9 @@ async fn send_error_status_is_returned_once_with_headers_not_retried() {
         }))
         .with_state(seen.clone());
     let addr = serve(app).await;
-    let client = UpstreamClient::new(endpoint(ProviderKind::Anthropic, addr)).unwrap();
+    let client = client(ProviderKind::Anthropic, addr);
     let resp = client
-        .send(Operation::Messages, Bytes::from_static(b"{}"), false)
+        .send(Operation::Messages, "m", Bytes::from_static(b"{}"), false)
         .await
         .unwrap();
     assert_eq!(resp.status, StatusCode::TOO_MANY_REQUESTS);
@@ -155,9 +163,14 @@ async fn send_closed_port_is_connect_error() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
-    let client = UpstreamClient::new(endpoint(ProviderKind::OpenAi, addr)).unwrap();
+    let client = client(ProviderKind::OpenAi, addr);
     let err = client
-        .send(Operation::ChatCompletions, Bytes::from_static(b"{}"), false)
+        .send(
+            Operation::ChatCompletions,
+            "m",
+            Bytes::from_static(b"{}"),
+            false,
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, TransportError::Connect(_)), "{err:?}");
@@ -171,11 +184,14 @@ async fn send_slow_provider_past_total_timeout_is_timeout_error() {
         "late"
     }));
     let addr = serve(app).await;
-    let mut ep = endpoint(ProviderKind::OpenAi, addr);
-    ep.total_timeout = Duration::from_millis(200);
-    let client = UpstreamClient::new(ep).unwrap();
+    let client = client_with(ProviderKind::OpenAi, addr, Duration::from_millis(200));
     let err = client
-        .send(Operation::ChatCompletions, Bytes::from_static(b"{}"), false)
+        .send(
+            Operation::ChatCompletions,
+            "m",
+            Bytes::from_static(b"{}"),
+            false,
+        )
         .await
         .unwrap_err();
     assert_eq!(err, TransportError::Timeout);
@@ -208,9 +224,9 @@ async fn dropping_response_body_closes_upstream_stream() {
         }
     }));
     let addr = serve(app).await;
-    let client = UpstreamClient::new(endpoint(ProviderKind::Anthropic, addr)).unwrap();
+    let client = client(ProviderKind::Anthropic, addr);
     let resp = client
-        .send(Operation::Messages, Bytes::from_static(b"{}"), true)
+        .send(Operation::Messages, "m", Bytes::from_static(b"{}"), true)
         .await
         .unwrap();
     let mut events = Box::pin(parse_stream(resp.body));

@@ -251,7 +251,9 @@ fn case15_client_with_stream_options_gets_usage_chunk_and_same_charge() {
 
 #[test]
 fn case15_upstream_without_usage_is_estimated_and_nonzero() {
-    let mut t = StreamTranslator::openai_passthrough(false);
+    // As the dispatcher builds it: delivered output counted with the router's tokenizer.
+    let mut t = StreamTranslator::openai_passthrough(false)
+        .count_output_with(switchyard_router::estimate::count_tokens);
     for i in &upstream_openai_stream(false) {
         t.push(i).unwrap();
     }

@@ -3,7 +3,7 @@
 //! ([`crate::probe::run`]), the candidate filter and `/status`.
 //!
 //! Keyed by the provider's `namespace/name` (like the rest of the state that outlives
-//! configuration reloads, [`crate::state`]), not by its index in the routing table: indices
+//! configuration reloads, the router's `state` module), not by its index in the routing table: indices
 //! move on every reload, and a probe result that lands just after a reload must not be
 //! credited to another provider. Reads take a shared lock held for one hash lookup; writes
 //! happen once per probe.
@@ -21,7 +21,13 @@ use switchyard_api::provider::{
 use switchyard_core::health::{HealthConfig, HealthState, HealthTracker, ProbeOutcome};
 use switchyard_core::time::Instant;
 
-use crate::status::time;
+/// A Kubernetes `Time` from a UTC timestamp (millisecond precision).
+fn time(at: DateTime<Utc>) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_millisecond(at.timestamp_millis())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
 
 /// One (provider, modality) entry.
 #[derive(Debug, Clone)]

@@ -63,6 +63,13 @@ enum Mode {
 }
 
 impl StreamTranslator {
+    /// Counts delivered output with `count` when the stream ends before usage is reported
+    /// (see [`StreamUsage::count_with`]).
+    pub fn count_output_with(mut self, count: fn(&str) -> u64) -> Self {
+        self.usage.count_with(count);
+        self
+    }
+
     /// OpenAI upstream, OpenAI client. `client_wants_usage` is the value returned by
     /// [`openai::ChatRequest::force_include_usage`]; when false the usage-only chunk is
     /// withheld from the client (but still counted).
