@@ -80,21 +80,34 @@
 //! credentials).
 
 mod audio;
+mod auth;
+mod bedrock;
 mod cache;
 mod cli;
 mod clock;
 mod config;
 mod errors;
+mod eventstream;
 mod fault;
 mod record;
 mod server;
 mod tokens;
+mod vertex;
 mod wire;
 
+pub use auth::{
+    AwsAuthConfig, AwsTestCredential, GoogleAuthConfig, GoogleServiceAccount,
+    TEST_AWS_ACCESS_KEY_ID, TEST_AWS_SECRET_ACCESS_KEY, TEST_AWS_SESSION_ACCESS_KEY_ID,
+    TEST_AWS_SESSION_SECRET_ACCESS_KEY, TEST_AWS_SESSION_TOKEN, TEST_SA_EMAIL, TEST_SA_KEY_JSON,
+    TEST_SA_PUBLIC_KEY_PEM,
+};
 pub use cli::{MockArgs, run};
 pub use clock::go_duration;
 pub use config::{ConfigFile, MockConfig, MockModality, RateLimitConfig, UsageStyle};
-pub use fault::{ErrorRate, Fault, FaultRule, FaultSet, StreamError, Trigger, WindowOrigin};
+pub use fault::{
+    BedrockExceptionKind, ErrorRate, Fault, FaultRule, FaultSet, StreamError, Trigger,
+    VertexQuotaCause, WindowOrigin,
+};
 pub use record::{CallRecord, UsageRecord};
 pub use server::{MockError, MockHandle, MockProvider, Stats};
 pub use tokens::count_tokens;
