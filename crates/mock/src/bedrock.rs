@@ -18,7 +18,8 @@
 //! `contentBlockStop`, `messageStop`, `metadata` (usage + metrics).
 //!
 //! Invoke body: Anthropic Messages without `model` / `stream`, with `anthropic_version:
-//! "bedrock-2023-05-31"` (400 `ValidationException` "Malformed input request" otherwise). The
+//! "bedrock-2023-05-31"` or an API date (what `AnthropicBedrock` 2.x sends, e.g. `2026-10-21`);
+//! 400 `ValidationException` "Malformed input request" otherwise. The
 //! JSON answer is the `/v1/messages` one plus `X-Amzn-Bedrock-{Input,Output}-Token-Count`,
 //! `-Invocation-Latency` and `-Cache-{Read,Write}-Input-Token-Count` headers; the stream is
 //! `chunk` frames whose `bytes` is base64 of each Anthropic SSE event's JSON, the
@@ -88,6 +89,7 @@ pub(crate) fn check_invoke_body(body: &Value) -> Result<(), String> {
     }
     match body.get("anthropic_version").and_then(Value::as_str) {
         Some(BEDROCK_ANTHROPIC_VERSION) => Ok(()),
+        Some(v) if crate::vertex::is_api_date_version(v) => Ok(()),
         Some(other) => Err(format!(
             "Malformed input request: #/anthropic_version: {other} is not a valid enum value, \
              please reformat your input and try again."
@@ -439,6 +441,9 @@ mod tests {
     #[test]
     fn invoke_body_requires_bedrock_version_and_no_model() {
         assert!(check_invoke_body(&json!({"anthropic_version": "bedrock-2023-05-31"})).is_ok());
+        assert!(check_invoke_body(&json!({"anthropic_version": "2026-10-21"})).is_ok());
+        let e = check_invoke_body(&json!({"anthropic_version": "bedrock-2023"})).unwrap_err();
+        assert!(e.contains("not a valid enum value"), "{e}");
         let e = check_invoke_body(&json!({"max_tokens": 5})).unwrap_err();
         assert!(e.contains("required key [anthropic_version]"), "{e}");
         let e =

@@ -1597,12 +1597,21 @@ async fn gce_metadata(State(shared): State<Arc<Shared>>, req: Request) -> Respon
             .into_response();
     }
     let rest = path.trim_start_matches("/computeMetadata/v1/");
-    let answer = match rest {
-        "instance/service-accounts/default/token" => {
-            axum::Json(cfg.metadata_token()).into_response()
-        }
-        "instance/service-accounts/default/email" => cfg.metadata_email.clone().into_response(),
-        "project/project-id" => cfg.project_id.clone().into_response(),
+    // Accounts are addressed as `default` or by email (google-auth does both).
+    let account = rest
+        .strip_prefix("instance/service-accounts/")
+        .and_then(|r| r.split_once('/'))
+        .filter(|(name, _)| *name == "default" || *name == cfg.metadata_email);
+    let answer = match (rest, account) {
+        (_, Some((_, "token"))) => axum::Json(cfg.metadata_token()).into_response(),
+        (_, Some((_, "email"))) => cfg.metadata_email.clone().into_response(),
+        (_, Some((_, ""))) => axum::Json(json!({
+            "aliases": ["default"],
+            "email": cfg.metadata_email,
+            "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        }))
+        .into_response(),
+        ("project/project-id", _) => cfg.project_id.clone().into_response(),
         _ => {
             record_auth_call(&shared, &path, 404);
             return (StatusCode::NOT_FOUND, headers, "Not Found\n").into_response();

@@ -5,7 +5,8 @@
 //! (google-genai uses `v1beta1`, the anthropic SDK `v1`). The model comes from the path.
 //!
 //! Claude on Vertex: the body is Anthropic Messages without `model` and with
-//! `anthropic_version: "vertex-2023-10-16"` (refused otherwise, 400 `INVALID_ARGUMENT`); the
+//! `anthropic_version: "vertex-2023-10-16"` (or an API date such as `2026-10-21`, which the
+//! anthropic SDK's `AnthropicVertex` sends; anything else or nothing: 400 `INVALID_ARGUMENT`); the
 //! answer (JSON or SSE, usage, `cache_control` accounting) is exactly the `/v1/messages` one.
 //!
 //! Gemini (`GenerateContentRequest`): `contents[].parts[]` (`text`, `inlineData`/`inline_data`
@@ -87,10 +88,27 @@ pub(crate) fn parse_path(path: &str, query: Option<&str>) -> Result<VendorRoute,
     Ok(VendorRoute { api, model, stream })
 }
 
-/// Checks a Claude-on-Vertex body; `Err` is the 400 message.
+/// Whether `v` is an Anthropic API date version (`YYYY-MM-DD`). The anthropic SDK's
+/// `AnthropicVertex` / `AnthropicBedrock` (2.x) send their own API version (e.g. `2026-10-21`)
+/// as `anthropic_version` rather than the platform strings, so both forms are accepted.
+pub(crate) fn is_api_date_version(v: &str) -> bool {
+    let b = v.as_bytes();
+    b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        })
+}
+
+/// Checks a Claude-on-Vertex body (`anthropic_version` = `vertex-2023-10-16` or an API date);
+/// `Err` is the 400 message.
 pub(crate) fn check_claude_body(body: &Value) -> Result<(), String> {
     match body.get("anthropic_version").and_then(Value::as_str) {
         Some(VERTEX_ANTHROPIC_VERSION) => Ok(()),
+        Some(v) if is_api_date_version(v) => Ok(()),
         Some(other) => Err(format!(
             "anthropic_version: Input should be '{VERTEX_ANTHROPIC_VERSION}', got '{other}'"
         )),
@@ -125,8 +143,9 @@ fn mime(inline: &Value) -> &str {
 fn inline_tokens(inline: &Value) -> u64 {
     let data = inline.get("data").and_then(Value::as_str).unwrap_or("");
     if mime(inline).starts_with("audio/") {
-        // Base64: 4 characters carry 3 bytes.
-        let bytes = (data.len() as u64) * 3 / 4;
+        // Base64: 4 characters carry 3 bytes, less the `=` padding.
+        let padding = data.bytes().rev().take_while(|b| *b == b'=').count() as u64;
+        let bytes = ((data.len() as u64) * 3 / 4).saturating_sub(padding);
         bytes.div_ceil(1000).max(1)
     } else {
         258
