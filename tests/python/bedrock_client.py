@@ -5,7 +5,8 @@ vendor's, proven by the vendor's own SDKs).
 Usage: bedrock_client.py --endpoint http://127.0.0.1:PORT --region us-east-1
                          --access-key AKID --secret-key SECRET
 Model ids with faults injected by the driver (tests/tests/vendor_sdk.rs): throttled.*,
-quota.*, notready.* (HTTP errors), broken-stream.* (exception frame after 3 deltas).
+quota.*, notready.* (HTTP errors), broken-stream.* (throttlingException frame after 3 deltas),
+broken-invoke.* (modelStreamErrorException frame after 2 deltas).
 Retries are off (botocore total_max_attempts=1, anthropic max_retries=0) so no SDK retry hides
 a mock bug. Output: {"sdk": "boto3", "versions": {...}, "checks": {name: {"ok": bool, ...}}}.
 """
@@ -208,6 +209,38 @@ def stream_exception(c):
             "code": None}
 
 
+def invoke_stream_exception(c):
+    r = c.invoke_model_with_response_stream(
+        modelId="broken-invoke.model-v1:0", body=anthropic_body("hi"))
+    deltas = 0
+    try:
+        for event in r["body"]:
+            inner = json.loads(event["chunk"]["bytes"])
+            deltas += inner["type"] == "content_block_delta"
+    except EventStreamError as e:
+        return {"status": r["ResponseMetadata"]["HTTPStatusCode"], "deltas_before": deltas,
+                "code": e.response["Error"]["Code"], "message": e.response["Error"]["Message"]}
+    return {"status": r["ResponseMetadata"]["HTTPStatusCode"], "deltas_before": deltas,
+            "code": None}
+
+
+def anthropic_bedrock_stream_exception(a):
+    c = anthropic.AnthropicBedrock(
+        aws_access_key=a.access_key, aws_secret_key=a.secret_key, aws_region=a.region,
+        base_url=a.endpoint, max_retries=0, timeout=30)
+    text = ""
+    try:
+        with c.messages.stream(model="broken-invoke.model-v1:0", max_tokens=64,
+                               messages=[{"role": "user", "content": "hi"}]) as s:
+            for chunk in s.text_stream:
+                text += chunk
+    except anthropic.APIError as e:
+        body = getattr(e, "body", None)
+        return {"text_before": text, "exception": type(e).__name__,
+                "error_type": body.get("error", {}).get("type") if isinstance(body, dict) else None}
+    return {"text_before": text, "exception": None}
+
+
 def sts_then_converse(a):
     sts = boto3.client(
         "sts",
@@ -323,6 +356,8 @@ def main():
         lambda: c.invoke_model(modelId=BASE, body=json.dumps(
             {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}))), out)
     run("stream_exception", lambda: stream_exception(c), out)
+    run("invoke_stream_exception", lambda: invoke_stream_exception(c), out)
+    run("anthropic_bedrock_stream_exception", lambda: anthropic_bedrock_stream_exception(a), out)
     run("sts", lambda: sts_then_converse(a), out)
     run("anthropic_bedrock", lambda: anthropic_bedrock(a), out)
     versions = {"boto3": boto3.__version__, "botocore": botocore.__version__,

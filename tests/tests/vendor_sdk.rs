@@ -133,6 +133,8 @@ async fn bedrock_boto3_and_anthropic_bedrock_against_mock() {
              "when": {"models": ["notready.model-v1:0"]}},
             {"kind": "bedrock_stream_exception", "exception": "ThrottlingException",
              "after_deltas": 3, "when": {"models": ["broken-stream.model-v1:0"]}},
+            {"kind": "bedrock_stream_exception", "exception": "ModelStreamErrorException",
+             "after_deltas": 2, "when": {"models": ["broken-invoke.model-v1:0"]}},
         ])),
         ..MockConfig::default()
     })
@@ -296,6 +298,13 @@ async fn bedrock_boto3_and_anthropic_bedrock_against_mock() {
     assert_eq!(se["status"], 200, "exception inside a 200 stream: {se}");
     assert_eq!(se["deltas_before"], 3, "{se}");
     assert_eq!(se["code"], "throttlingException", "{se}");
+    let ie = check(&r, "invoke_stream_exception");
+    assert_eq!(ie["status"], 200, "{ie}");
+    assert_eq!(ie["deltas_before"], 2, "{ie}");
+    assert_eq!(ie["code"], "modelStreamErrorException", "{ie}");
+    let ae = check(&r, "anthropic_bedrock_stream_exception");
+    assert_eq!(ae["text_before"], answer(2), "{ae}");
+    assert_eq!(ae["error_type"], "modelStreamErrorException", "{ae}");
 
     // STS web identity -> temporary credentials the SigV4 check accepts; a forged token not.
     let sts = check(&r, "sts");

@@ -207,9 +207,7 @@ fn b64url(bytes: &[u8]) -> String {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    crate::clock::unix_secs()
 }
 
 /// A signed, self-describing token `<prefix><b64url(json)>.<b64url(hmac)>`.
@@ -456,7 +454,7 @@ impl AwsAuthConfig {
                  header.",
             ));
         };
-        let now = SystemTime::now();
+        let now = crate::clock::wall_now();
         let skew = now
             .duration_since(time)
             .or_else(|e| Ok::<_, ()>(e.duration()))
@@ -875,15 +873,27 @@ mod tests {
     use axum::http::HeaderValue;
 
     const BODY: &[u8] = br#"{"messages":[{"role":"user","content":[{"text":"hi"}]}]}"#;
-    // A Bedrock path with an inference-profile ARN, percent-encoded once as clients send it.
+    // An inference-profile ARN, percent-encoded once as clients send it.
     const PATH: &str = "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude-sonnet-4-20250514-v1%3A0/converse";
+    // Every model-id form: base id, cross-region inference profile, ARN.
+    const PATHS: [&str; 3] = [
+        "/model/anthropic.claude-sonnet-4-20250514-v1%3A0/converse",
+        "/model/global.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream",
+        PATH,
+    ];
 
     /// Signs like a client would: aws-sigv4 with default settings, applied to an http request.
-    fn client_signed(secret: &str, region: &str, token: Option<&str>) -> HeaderMap {
+    fn signed(
+        akid: &str,
+        secret: &str,
+        token: Option<&str>,
+        region: &str,
+        path: &str,
+    ) -> HeaderMap {
         use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
         use aws_sigv4::sign::v4;
         let identity = aws_credential_types::Credentials::new(
-            TEST_AWS_ACCESS_KEY_ID,
+            akid,
             secret,
             token.map(str::to_owned),
             None,
@@ -894,12 +904,12 @@ mod tests {
             .identity(&identity)
             .region(region)
             .name("bedrock")
-            .time(SystemTime::now())
+            .time(crate::clock::wall_now())
             .settings(SigningSettings::default())
             .build()
             .unwrap()
             .into();
-        let url = format!("http://127.0.0.1:9001{PATH}");
+        let url = format!("http://127.0.0.1:9001{path}");
         let headers = [
             ("content-type", "application/json"),
             ("host", "127.0.0.1:9001"),
@@ -923,6 +933,57 @@ mod tests {
             );
         }
         map
+    }
+
+    fn client_signed(secret: &str, region: &str, token: Option<&str>) -> HeaderMap {
+        signed(TEST_AWS_ACCESS_KEY_ID, secret, token, region, PATH)
+    }
+
+    #[test]
+    fn sigv4_verify_accepts_every_model_id_form_and_refuses_another_path() {
+        let cfg = AwsAuthConfig::default();
+        for path in PATHS {
+            let h = signed(
+                TEST_AWS_ACCESS_KEY_ID,
+                TEST_AWS_SECRET_ACCESS_KEY,
+                None,
+                "us-east-1",
+                path,
+            );
+            assert_eq!(
+                cfg.verify("POST", path, &h, BODY).unwrap(),
+                TEST_AWS_ACCESS_KEY_ID,
+                "{path}"
+            );
+            // The same signature sent to another path (here: the path decoded) is refused.
+            let decoded = percent_encoding::percent_decode_str(path)
+                .decode_utf8_lossy()
+                .into_owned();
+            let e = cfg.verify("POST", &decoded, &h, BODY).unwrap_err();
+            assert_eq!(e.code, "InvalidSignatureException", "{decoded}");
+        }
+    }
+
+    #[test]
+    fn sigv4_session_credential_needs_its_token() {
+        let cfg = AwsAuthConfig::default();
+        let good = signed(
+            TEST_AWS_SESSION_ACCESS_KEY_ID,
+            TEST_AWS_SESSION_SECRET_ACCESS_KEY,
+            Some(TEST_AWS_SESSION_TOKEN),
+            "us-east-1",
+            PATH,
+        );
+        assert!(cfg.verify("POST", PATH, &good, BODY).is_ok());
+        let no_token = signed(
+            TEST_AWS_SESSION_ACCESS_KEY_ID,
+            TEST_AWS_SESSION_SECRET_ACCESS_KEY,
+            None,
+            "us-east-1",
+            PATH,
+        );
+        let e = cfg.verify("POST", PATH, &no_token, BODY).unwrap_err();
+        assert_eq!(e.code, "UnrecognizedClientException");
     }
 
     #[test]
@@ -1073,5 +1134,47 @@ mod tests {
             HeaderValue::from_static("Bearer ya29.nope"),
         );
         assert_eq!(cfg.verify_bearer(&headers).unwrap_err().status, 401);
+    }
+
+    #[test]
+    fn auth_config_yaml_keys_parse_and_defaults_hold() {
+        let yaml = r#"
+name: bedrock-a
+aws_auth:
+  region: eu-west-1
+  credentials:
+    - { access_key_id: AKIAEXAMPLE000000001, secret_access_key: s3cr3t }
+  sts_duration: 15m
+google_auth:
+  service_accounts:
+    - client_email: switchyard-mock-test@switchyard-test.iam.gserviceaccount.com
+  token_ttl: 10m
+gemini_thoughts_tokens: 7
+"#;
+        let cfg: crate::MockConfig = serde_yaml::from_str(yaml).unwrap();
+        let aws = cfg.aws_auth.unwrap();
+        assert_eq!(aws.region, "eu-west-1");
+        assert_eq!(aws.service, "bedrock");
+        assert_eq!(aws.credentials.len(), 1);
+        assert_eq!(aws.sts_duration, Duration::from_secs(900));
+        let google = cfg.google_auth.unwrap();
+        assert_eq!(google.token_ttl, Duration::from_secs(600));
+        assert!(
+            google.load_keys().is_ok(),
+            "the test account needs no key file"
+        );
+        assert_eq!(cfg.gemini_thoughts_tokens, 7);
+        let typo = "aws_auth: { regoin: us-east-1 }\n";
+        assert!(serde_yaml::from_str::<crate::MockConfig>(typo).is_err());
+        let keyless = GoogleAuthConfig {
+            service_accounts: vec![GoogleServiceAccount {
+                client_email: "other@example.iam.gserviceaccount.com".to_owned(),
+                public_key_pem: None,
+                public_key_file: None,
+            }],
+            ..GoogleAuthConfig::default()
+        };
+        let e = keyless.load_keys().unwrap_err();
+        assert!(e.contains("other@example"), "{e}");
     }
 }

@@ -405,9 +405,9 @@ pub enum VertexQuotaCause {
     /// please try again later." Transient, not the project's fault.
     #[default]
     SharedCapacity,
-    /// The project's own quota for the base model: "Quota exceeded for
+    /// The project's own quota for the base model: `Quota exceeded for
     /// aiplatform.googleapis.com/<metric> with base model: <model>. Please submit a quota
-    /// increase request."
+    /// increase request.`
     ProjectQuota,
     /// Provisioned Throughput exceeded with overages rejected: "Too many requests. Exceeded
     /// the Provisioned Throughput."
