@@ -1177,4 +1177,14 @@ gemini_thoughts_tokens: 7
         let e = keyless.load_keys().unwrap_err();
         assert!(e.contains("other@example"), "{e}");
     }
+
+    #[test]
+    fn example_vendor_mock_file_parses() {
+        let file = crate::ConfigFile::from_yaml(include_str!("../testdata/vendor-mocks.yaml"))
+            .unwrap()
+            .into_mocks();
+        assert_eq!(file.len(), 2);
+        assert!(file[0].google_auth.is_some() && file[1].aws_auth.is_some());
+        assert_eq!(file[1].faults.rules.len(), 2);
+    }
 }
