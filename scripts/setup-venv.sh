@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates (or refreshes) the Python venv at <repo>/.venv with the pinned official OpenAI and
-# Anthropic SDKs and the chart-check tools (helm-python-sdk, kubernetes-validate) from
+# Anthropic SDKs, the vendor clients for Bedrock and Vertex AI (boto3, google-genai,
+# google-auth; tests/tests/vendor_sdk.rs) and the chart-check tools (helm-python-sdk, kubernetes-validate) from
 # tests/python/requirements.txt. The e2e tests in tests/tests/sdk.rs run
 # their client scripts with <repo>/.venv/bin/python (override with SWITCHYARD_PYTHON).
 #
@@ -28,4 +29,5 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
 echo "$want" > "$stamp"
 "$venv/bin/python" -c 'import openai, anthropic; print("venv: openai", openai.__version__, "anthropic", anthropic.__version__)'
+"$venv/bin/python" -c 'import boto3, google.auth, google.genai; print("venv: boto3", boto3.__version__, "google-genai", google.genai.__version__, "google-auth", google.auth.__version__)'
 "$venv/bin/python" -c 'import helm_python; print("venv: helm-python-sdk", helm_python.__version__, "(Helm SDK", helm_python.helm_sdk_version() + ")")'

@@ -1,5 +1,6 @@
-//! Wall-clock reads, kept in one place: HTTP-date `Retry-After`, RFC 3339 reset headers and
-//! `created` timestamps need real time, everything else uses `tokio::time::Instant`.
+//! Wall-clock reads, kept in one place: HTTP-date `Retry-After`, RFC 3339 reset headers,
+//! `created` timestamps and the auth checks (SigV4 `x-amz-date` skew, JWT and token expiry)
+//! need real time, everything else uses `tokio::time::Instant`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AwsAuthConfig, GoogleAuthConfig};
 use crate::fault::FaultSet;
 
 /// How usage is spelled on the OpenAI-compatible chat endpoint.
@@ -126,6 +127,14 @@ pub struct MockConfig {
     /// rerank and audio requests, as strict servers do with parameters their endpoint does
     /// not take (field case 26).
     pub reject_max_tokens: bool,
+    /// Check SigV4 on the Bedrock paths and serve the STS mock (`POST /`); `None` accepts any
+    /// (or no) signature and serves no STS.
+    pub aws_auth: Option<AwsAuthConfig>,
+    /// Check Google OAuth2 bearer tokens on the Vertex paths and serve `POST /token` and the
+    /// metadata token endpoint; `None` accepts any (or no) token and serves neither.
+    pub google_auth: Option<GoogleAuthConfig>,
+    /// Gemini `usageMetadata.thoughtsTokenCount` reported per answer (0 = field omitted).
+    pub gemini_thoughts_tokens: u64,
 }
 
 impl Default for MockConfig {
@@ -151,6 +160,9 @@ impl Default for MockConfig {
             modalities: Vec::new(),
             voices: Vec::new(),
             reject_max_tokens: false,
+            aws_auth: None,
+            google_auth: None,
+            gemini_thoughts_tokens: 0,
         }
     }
 }

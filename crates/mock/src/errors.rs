@@ -5,6 +5,11 @@
 //! `invalid_request_error` (400), `authentication_error` (401), `billing_error` (402),
 //! `not_found_error` (404), `rate_limit_error` (429), `api_error` (500), `overloaded_error`
 //! (503/529).
+//! Google shape (Vertex AI): `{"error": {"code", "message", "status"}}` with canonical status
+//! names (`RESOURCE_EXHAUSTED` for 429, `INVALID_ARGUMENT` for 400, `UNAUTHENTICATED` for 401, ...)
+//! and no rate-limit or `Retry-After` headers.
+//! AWS shape (Bedrock, restJson1): `{"message"}` plus `x-amzn-errortype: <Exception>:<namespace>`
+//! (botocore takes the code from that header, the message from the body) and `x-amzn-requestid`.
 
 use std::time::Duration;
 
@@ -13,13 +18,15 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::clock::{go_duration, http_date_in, parse_go_duration, rfc3339_in};
-use crate::fault::{Fault, StreamError};
+use crate::fault::{BedrockExceptionKind, Fault, StreamError, VertexQuotaCause};
 
 /// Which vendor's conventions a response follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
     OpenAi,
     Anthropic,
+    Google,
+    Aws,
 }
 
 /// A vendor-neutral error, rendered per dialect.
@@ -35,6 +42,41 @@ pub(crate) struct ErrorSpec {
     /// Reset overrides (`x-ratelimit-reset-*` text) for the rate-limit headers.
     pub(crate) reset_requests: Option<String>,
     pub(crate) reset_tokens: Option<String>,
+    /// Google canonical status override (`RESOURCE_EXHAUSTED`, ...); default from the status.
+    pub(crate) google_status: Option<String>,
+    /// AWS exception name override (`ThrottlingException`, ...); default from the status.
+    pub(crate) aws_type: Option<String>,
+}
+
+/// Google's canonical code name for an HTTP status (google.rpc.Code mapping).
+pub(crate) fn google_status_for(status: u16) -> &'static str {
+    match status {
+        400 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        409 => "ABORTED",
+        429 => "RESOURCE_EXHAUSTED",
+        499 => "CANCELLED",
+        501 => "UNIMPLEMENTED",
+        503 | 529 => "UNAVAILABLE",
+        504 => "DEADLINE_EXCEEDED",
+        _ => "INTERNAL",
+    }
+}
+
+/// The Bedrock runtime exception a status maps to when a fault names none.
+pub(crate) fn aws_type_for(status: u16) -> &'static str {
+    match status {
+        400 | 413 | 422 => "ValidationException",
+        401 | 403 => "AccessDeniedException",
+        404 => "ResourceNotFoundException",
+        408 => "ModelTimeoutException",
+        424 => "ModelStreamErrorException",
+        429 => "ThrottlingException",
+        503 | 529 => "ServiceUnavailableException",
+        _ => "InternalServerException",
+    }
 }
 
 fn anthropic_type_for(status: u16) -> &'static str {
@@ -73,7 +115,22 @@ impl ErrorSpec {
             headers: Vec::new(),
             reset_requests: None,
             reset_tokens: None,
+            google_status: None,
+            aws_type: None,
         }
+    }
+
+    /// Sets the AWS exception name (builder style).
+    pub(crate) fn aws(mut self, exception: &str) -> Self {
+        self.aws_type = Some(exception.to_owned());
+        self
+    }
+
+    /// The AWS exception name this error is sent as.
+    pub(crate) fn aws_exception(&self) -> String {
+        self.aws_type
+            .clone()
+            .unwrap_or_else(|| aws_type_for(self.status).to_owned())
     }
 
     fn code(mut self, code: &str) -> Self {
@@ -202,8 +259,58 @@ impl ErrorSpec {
                     .extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
                 e
             }
+            Fault::VertexResourceExhausted {
+                cause,
+                quota_metric,
+            } => {
+                let message = match cause {
+                    VertexQuotaCause::SharedCapacity => {
+                        "Resource exhausted, please try again later. Please refer to \
+                         https://cloud.google.com/vertex-ai/generative-ai/docs/error-code-429 \
+                         for more details."
+                            .to_owned()
+                    }
+                    VertexQuotaCause::ProjectQuota => format!(
+                        "Quota exceeded for {} with base model: {{model}}. Please submit a quota \
+                         increase request. \
+                         https://cloud.google.com/vertex-ai/docs/generative-ai/quotas-genai.",
+                        quota_metric.as_deref().unwrap_or(
+                            "aiplatform.googleapis.com/\
+                             generate_content_requests_per_minute_per_project_per_base_model"
+                        )
+                    ),
+                    VertexQuotaCause::ProvisionedThroughput => {
+                        "Too many requests. Exceeded the Provisioned Throughput.".to_owned()
+                    }
+                };
+                let mut e = Self::new(429, message).code("rate_limit_exceeded");
+                e.google_status = Some("RESOURCE_EXHAUSTED".to_owned());
+                e
+            }
+            Fault::BedrockException {
+                exception,
+                status,
+                message,
+            } => Self::bedrock(*exception, *status, message.as_deref()),
+            Fault::BedrockStreamException {
+                exception, message, ..
+            } => Self::bedrock(*exception, None, message.as_deref()),
             _ => return None,
         })
+    }
+
+    /// A Bedrock exception as an error spec (also used for the in-stream exception frame).
+    pub(crate) fn bedrock(
+        exception: BedrockExceptionKind,
+        status: Option<u16>,
+        message: Option<&str>,
+    ) -> Self {
+        let mut e = Self::new(
+            status.unwrap_or_else(|| exception.status()),
+            message.unwrap_or_else(|| exception.default_message()),
+        );
+        e.aws_type = Some(exception.name().to_owned());
+        e
     }
 
     /// The error carried inside a stream (and its HTTP equivalent for non-streaming calls).
@@ -234,6 +341,10 @@ impl ErrorSpec {
             Dialect::Anthropic => json!({"type": "error",
                 "error": {"type": self.anthropic_type, "message": self.message},
                 "request_id": request_id}),
+            Dialect::Google => json!({"error": {"code": self.status, "message": self.message,
+                "status": self.google_status.clone()
+                    .unwrap_or_else(|| google_status_for(self.status).to_owned())}}),
+            Dialect::Aws => json!({"message": self.message}),
         }
     }
 
@@ -269,6 +380,16 @@ impl ErrorSpec {
                 headers.insert(k, v);
             }
         }
+        if dialect == Dialect::Aws {
+            // botocore reads the code from this header (the part before ':').
+            let v = format!(
+                "{}:http://internal.amazon.com/coral/com.amazon.bedrock/",
+                self.aws_exception()
+            );
+            if let Ok(v) = HeaderValue::try_from(v) {
+                headers.insert(HeaderName::from_static("x-amzn-errortype"), v);
+            }
+        }
         let body = self.body(dialect, request_id);
         (status, headers, axum::Json(body)).into_response()
     }
@@ -278,6 +399,8 @@ pub(crate) fn set_request_id(headers: &mut HeaderMap, dialect: Dialect, id: &str
     let name = match dialect {
         Dialect::OpenAi => "x-request-id",
         Dialect::Anthropic => "request-id",
+        Dialect::Google => "x-goog-request-id",
+        Dialect::Aws => "x-amzn-requestid",
     };
     if let Ok(v) = HeaderValue::try_from(id) {
         headers.insert(HeaderName::from_static(name), v);
@@ -285,7 +408,7 @@ pub(crate) fn set_request_id(headers: &mut HeaderMap, dialect: Dialect, id: &str
 }
 
 /// Rate-limit state at one response.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RateSnapshot {
     pub(crate) limit_requests: u64,
     pub(crate) remaining_requests: u64,
@@ -334,6 +457,8 @@ impl RateSnapshot {
                     reset_tokens_text.map_or_else(|| go_duration(self.reset_tokens), str::to_owned),
                 );
             }
+            // Vertex AI and Bedrock advertise no rate-limit state in headers.
+            Dialect::Google | Dialect::Aws => {}
             Dialect::Anthropic => {
                 put(
                     "anthropic-ratelimit-requests-limit",

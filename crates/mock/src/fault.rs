@@ -357,6 +357,164 @@ pub enum Fault {
     },
     /// Normal answer without any usage object (case 15's "no usage at all").
     OmitUsage,
+    /// Vertex AI 429 `RESOURCE_EXHAUSTED` in Google's error shape, without `Retry-After`
+    /// (Vertex sends none). `cause` picks which of Vertex's three 429s it is; the messages
+    /// are the ones Google documents (cloud.google.com/vertex-ai/generative-ai/docs/error-code-429).
+    VertexResourceExhausted {
+        /// Which quota framework refused the request.
+        #[serde(default)]
+        cause: VertexQuotaCause,
+        /// Quota metric named by `project_quota` (default
+        /// `aiplatform.googleapis.com/generate_content_requests_per_minute_per_project_per_base_model`).
+        #[serde(default)]
+        quota_metric: Option<String>,
+    },
+    /// A Bedrock runtime exception as an HTTP error (`x-amzn-errortype` + `{"message"}`).
+    BedrockException {
+        /// The exception, spelled as AWS does (`ThrottlingException`, ...).
+        exception: BedrockExceptionKind,
+        /// HTTP status; default the exception's documented one (e.g. 400 for a
+        /// `ThrottlingException` variant some accounts see).
+        #[serde(default)]
+        status: Option<u16>,
+        /// Message; default a real Bedrock message for the exception.
+        #[serde(default)]
+        message: Option<String>,
+    },
+    /// A 200 Bedrock stream (ConverseStream / InvokeModelWithResponseStream) that, after
+    /// `after_deltas` content deltas, carries an exception frame (`:message-type: exception`,
+    /// `:exception-type: throttlingException`, ...) and ends. On other streams: the format's
+    /// in-stream error after those deltas. A non-streaming request gets the HTTP error.
+    BedrockStreamException {
+        /// The exception.
+        exception: BedrockExceptionKind,
+        /// Content deltas sent before the exception frame.
+        #[serde(default)]
+        after_deltas: u64,
+        /// Message; default a real Bedrock message for the exception.
+        #[serde(default)]
+        message: Option<String>,
+    },
+}
+
+/// Which of Vertex AI's three kinds of 429 a [`Fault::VertexResourceExhausted`] is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VertexQuotaCause {
+    /// Pay-as-you-go shared pool (dynamic shared quota) out of capacity: "Resource exhausted,
+    /// please try again later." Transient, not the project's fault.
+    #[default]
+    SharedCapacity,
+    /// The project's own quota for the base model: `Quota exceeded for
+    /// aiplatform.googleapis.com/<metric> with base model: <model>. Please submit a quota
+    /// increase request.`
+    ProjectQuota,
+    /// Provisioned Throughput exceeded with overages rejected: "Too many requests. Exceeded
+    /// the Provisioned Throughput."
+    ProvisionedThroughput,
+}
+
+/// Bedrock runtime exceptions (API reference, "Errors" of Converse / InvokeModel and the
+/// stream unions of ConverseStream / InvokeModelWithResponseStream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BedrockExceptionKind {
+    /// 429 "Too many requests, please wait before trying again."
+    ThrottlingException,
+    /// 400 account quota exceeded.
+    ServiceQuotaExceededException,
+    /// 429 the model is not ready (not a capacity signal).
+    ModelNotReadyException,
+    /// 400 malformed request.
+    ValidationException,
+    /// 424 the model failed while streaming (`originalStatusCode`, `originalMessage`).
+    ModelStreamErrorException,
+    /// 424 the model returned an error.
+    ModelErrorException,
+    /// 408 the model took too long.
+    ModelTimeoutException,
+    /// 500.
+    InternalServerException,
+    /// 503 "Bedrock is unable to process your request."
+    ServiceUnavailableException,
+    /// 403 no access to the model.
+    AccessDeniedException,
+    /// 404 unknown resource.
+    ResourceNotFoundException,
+}
+
+impl BedrockExceptionKind {
+    /// The name on the wire (`x-amzn-errortype` before the ':').
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ThrottlingException => "ThrottlingException",
+            Self::ServiceQuotaExceededException => "ServiceQuotaExceededException",
+            Self::ModelNotReadyException => "ModelNotReadyException",
+            Self::ValidationException => "ValidationException",
+            Self::ModelStreamErrorException => "ModelStreamErrorException",
+            Self::ModelErrorException => "ModelErrorException",
+            Self::ModelTimeoutException => "ModelTimeoutException",
+            Self::InternalServerException => "InternalServerException",
+            Self::ServiceUnavailableException => "ServiceUnavailableException",
+            Self::AccessDeniedException => "AccessDeniedException",
+            Self::ResourceNotFoundException => "ResourceNotFoundException",
+        }
+    }
+
+    /// Documented HTTP status.
+    pub fn status(self) -> u16 {
+        match self {
+            Self::ThrottlingException | Self::ModelNotReadyException => 429,
+            Self::ServiceQuotaExceededException | Self::ValidationException => 400,
+            Self::ModelStreamErrorException | Self::ModelErrorException => 424,
+            Self::ModelTimeoutException => 408,
+            Self::InternalServerException => 500,
+            Self::ServiceUnavailableException => 503,
+            Self::AccessDeniedException => 403,
+            Self::ResourceNotFoundException => 404,
+        }
+    }
+
+    /// A message as Bedrock words it.
+    pub fn default_message(self) -> &'static str {
+        match self {
+            Self::ThrottlingException => "Too many requests, please wait before trying again.",
+            Self::ServiceQuotaExceededException => {
+                "Your request exceeded the service quota for your account. Request a quota \
+                 increase in Service Quotas."
+            }
+            Self::ModelNotReadyException => {
+                "Model is not ready for inference. Wait and try your request again."
+            }
+            Self::ValidationException => {
+                "Malformed input request, please reformat your input \
+                 and try again."
+            }
+            Self::ModelStreamErrorException => {
+                "The model encountered an error while streaming the response."
+            }
+            Self::ModelErrorException => "The model returned an error.",
+            Self::ModelTimeoutException => "Model has timed out in processing the request.",
+            Self::InternalServerException => "The server encountered an internal error.",
+            Self::ServiceUnavailableException => "Bedrock is unable to process your request.",
+            Self::AccessDeniedException => {
+                "You don't have access to the model with the specified model ID."
+            }
+            Self::ResourceNotFoundException => "The requested resource could not be found.",
+        }
+    }
+
+    /// The member name inside a stream union (`throttlingException`), which botocore reports
+    /// as the error code of an `EventStreamError`.
+    pub fn stream_member(self) -> String {
+        let name = self.name();
+        let mut out = String::with_capacity(name.len());
+        let mut chars = name.chars();
+        if let Some(c) = chars.next() {
+            out.push(c.to_ascii_lowercase());
+        }
+        out.extend(chars);
+        out
+    }
 }
 
 fn default_529() -> u16 {
@@ -395,6 +553,9 @@ impl Fault {
             Self::HangNoHeaders => "hang_no_headers",
             Self::ReportUsage { .. } => "report_usage",
             Self::OmitUsage => "omit_usage",
+            Self::VertexResourceExhausted { .. } => "vertex_resource_exhausted",
+            Self::BedrockException { .. } => "bedrock_exception",
+            Self::BedrockStreamException { .. } => "bedrock_stream_exception",
         }
     }
 

@@ -22,6 +22,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
+use crate::auth::GoogleKeys;
 use crate::cache::{CacheMode, PromptCache};
 use crate::clock::unix_secs;
 use crate::config::{MockConfig, MockModality};
@@ -29,7 +30,8 @@ use crate::errors::{Dialect, ErrorSpec, RateSnapshot, RateWindows, set_request_i
 use crate::fault::{Decision, Fault, FaultSet, FaultState, RequestFacts};
 use crate::record::{CallGuard, CallRecord, Recorder, UsageRecord, lock};
 use crate::tokens::{self, count_tokens, fnv1a};
-use crate::wire::{Answer, ChatApi, Finish, Sse, torn};
+use crate::vertex::VendorRoute;
+use crate::wire::{Answer, ChatApi, Finish, Sse, token_text};
 
 /// Output tokens a tool call reports (name plus `{}` arguments, by convention).
 const TOOL_CALL_TOKENS: u64 = 8;
@@ -49,6 +51,9 @@ pub enum MockError {
         /// OS error.
         source: io::Error,
     },
+    /// The config cannot be served (e.g. an unreadable service-account public key).
+    #[error("invalid mock config: {0}")]
+    Config(String),
 }
 
 /// Mutable state of one mock, behind one short-held lock.
@@ -62,6 +67,8 @@ struct State_ {
 #[derive(Debug)]
 struct Shared {
     config: MockConfig,
+    /// Public keys of `google_auth.service_accounts`, loaded at start.
+    google_keys: Option<GoogleKeys>,
     recorder: Recorder,
     state: Mutex<State_>,
     ids: AtomicU64,
@@ -128,8 +135,13 @@ impl MockProvider {
     /// dropped. HTTP/1.1 only (what the vendor SDKs speak to a plain-HTTP base URL).
     ///
     /// # Errors
-    /// [`MockError::Bind`] when the address cannot be bound.
+    /// [`MockError::Bind`] when the address cannot be bound; [`MockError::Config`] when a
+    /// `google_auth` public key cannot be loaded.
     pub async fn start(config: MockConfig) -> Result<MockHandle, MockError> {
+        let google_keys = match &config.google_auth {
+            Some(g) => Some(g.load_keys().map_err(MockError::Config)?),
+            None => None,
+        };
         let addr = config
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -147,6 +159,7 @@ impl MockProvider {
             }),
             recorder: Recorder::new(config.record_limit),
             ids: AtomicU64::new(1),
+            google_keys,
             config,
         });
         let token = CancellationToken::new();
@@ -347,6 +360,21 @@ fn router(shared: Arc<Shared>) -> Router {
             "/audio/speech",
             post(|st, req| handle(st, req, Endpoint::Speech)),
         )
+        .route(
+            "/v1/projects/{*rest}",
+            post(|st, req| vendor(st, req, Family::Vertex)),
+        )
+        .route(
+            "/v1beta1/projects/{*rest}",
+            post(|st, req| vendor(st, req, Family::Vertex)),
+        )
+        .route(
+            "/model/{*rest}",
+            post(|st, req| vendor(st, req, Family::Bedrock)),
+        )
+        .route("/token", post(google_token))
+        .route("/computeMetadata/v1/{*rest}", get(gce_metadata))
+        .route("/", post(sts))
         .route("/v1/models", get(models))
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -382,6 +410,8 @@ impl Endpoint {
     fn dialect(self) -> Dialect {
         match self {
             Self::Chat(ChatApi::Anthropic) => Dialect::Anthropic,
+            Self::Chat(ChatApi::VertexClaude | ChatApi::Gemini) => Dialect::Google,
+            Self::Chat(ChatApi::Converse | ChatApi::BedrockInvoke) => Dialect::Aws,
             _ => Dialect::OpenAi,
         }
     }
@@ -411,7 +441,8 @@ impl Ctx {
             .snapshot(now, rl.requests_per_minute, rl.tokens_per_minute)
     }
 
-    fn error(self, spec: ErrorSpec) -> Response {
+    fn error(self, mut spec: ErrorSpec) -> Response {
+        spec.message = spec.message.replace("{model}", &self.model);
         let rl = self.rate_snapshot();
         self.guard.set_status(spec.status);
         let resp = spec.into_response(self.dialect, &self.request_id, &rl);
@@ -431,7 +462,46 @@ fn api_key(headers: &HeaderMap) -> Option<String> {
     bearer.or(other).map(str::to_owned)
 }
 
-async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpoint) -> Response {
+async fn handle(st: State<Arc<Shared>>, req: Request, endpoint: Endpoint) -> Response {
+    handle_route(st, req, endpoint, None).await
+}
+
+/// The vendor families whose paths carry the model and the stream switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Vertex,
+    Bedrock,
+}
+
+/// Vertex AI and Bedrock paths: parse the path, then the common handler.
+async fn vendor(State(shared): State<Arc<Shared>>, req: Request, family: Family) -> Response {
+    let path = req.uri().path().to_owned();
+    let parsed = match family {
+        Family::Vertex => crate::vertex::parse_path(&path, req.uri().query()),
+        Family::Bedrock => crate::bedrock::parse_path(&path),
+    };
+    match parsed {
+        Ok(route) => handle_route(State(shared), req, Endpoint::Chat(route.api), Some(route)).await,
+        Err(message) => {
+            let (dialect, spec) = match family {
+                Family::Vertex => (Dialect::Google, ErrorSpec::new(404, message)),
+                Family::Bedrock => (
+                    Dialect::Aws,
+                    ErrorSpec::new(404, message).aws("UnknownOperationException"),
+                ),
+            };
+            let id = format!("req_{:016x}", fnv1a(&shared.next_id().to_le_bytes(), 7));
+            spec.into_response(dialect, &id, &RateSnapshot::default())
+        }
+    }
+}
+
+async fn handle_route(
+    State(shared): State<Arc<Shared>>,
+    req: Request,
+    endpoint: Endpoint,
+    route: Option<VendorRoute>,
+) -> Response {
     let (parts, body) = req.into_parts();
     let abort = parts.extensions.get::<ConnAbort>().cloned();
     let t0 = Instant::now();
@@ -451,13 +521,27 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
         serde_json::from_slice(&bytes).ok()
     };
     let body = parsed.clone().unwrap_or(Value::Null);
-    let model = body
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    let stream = matches!(endpoint, Endpoint::Chat(_))
-        && body.get("stream").and_then(Value::as_bool) == Some(true);
+    let model = match &route {
+        Some(r) => r.model.clone(),
+        None => body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+    };
+    let stream = match &route {
+        Some(r) => r.stream,
+        None => {
+            matches!(endpoint, Endpoint::Chat(_))
+                && body.get("stream").and_then(Value::as_bool) == Some(true)
+        }
+    };
+    let modality = if endpoint == Endpoint::Chat(ChatApi::Gemini) && crate::vertex::has_audio(&body)
+    {
+        MockModality::Transcription
+    } else {
+        endpoint.modality()
+    };
     let include_usage = body
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -492,7 +576,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
         path: parts.uri.path(),
         model: &model,
         stream,
-        modality: endpoint.modality(),
+        modality,
     };
     let now = shared.recorder.now();
     let decision = lock(&shared.state).faults.decide(facts, now);
@@ -522,14 +606,43 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
     sleep_until(t0 + before_headers).await;
 
     let served = &ctx.shared.config.modalities;
-    if !served.is_empty() && !served.contains(&endpoint.modality()) {
+    if !served.is_empty() && !served.contains(&modality) {
         // The shape of OpenAI's answer to a path it does not route.
         let msg = format!(
             "Invalid URL (POST {}): this server does not serve {:?} requests",
             parts.uri.path(),
-            endpoint.modality()
+            modality
         );
         return ctx.error(ErrorSpec::new(404, msg));
+    }
+    // Vendor auth comes first, as the real services check it before reading the body.
+    match (ctx.dialect, &ctx.shared.config) {
+        (
+            Dialect::Google,
+            MockConfig {
+                google_auth: Some(g),
+                ..
+            },
+        ) => {
+            if let Err(e) = g.verify_bearer(&parts.headers) {
+                return ctx.error(ErrorSpec::new(e.status, e.message));
+            }
+        }
+        (
+            Dialect::Aws,
+            MockConfig {
+                aws_auth: Some(a), ..
+            },
+        ) => {
+            let pq = parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+            if let Err(e) = a.verify(parts.method.as_str(), &pq, &parts.headers, &bytes) {
+                return ctx.error(ErrorSpec::new(e.status, e.message).aws(e.code));
+            }
+        }
+        _ => {}
     }
     if parsed.is_none() {
         if endpoint == Endpoint::Transcription {
@@ -544,10 +657,38 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
         ));
     }
     let cfg = &ctx.shared.config;
-    if !cfg.api_keys.is_empty() && !key.as_ref().is_some_and(|k| cfg.api_keys.contains(k)) {
+    if route.is_none()
+        && !cfg.api_keys.is_empty()
+        && !key.as_ref().is_some_and(|k| cfg.api_keys.contains(k))
+    {
         return ctx.error(ErrorSpec::new(401, "Incorrect API key provided."));
     }
-    if !cfg.models.is_empty() && !cfg.models.contains(&ctx.model) {
+    if route.is_some() {
+        let base = crate::bedrock::base_model_id(&ctx.model);
+        if !cfg.models.is_empty() && !cfg.models.iter().any(|m| m == &ctx.model || m == base) {
+            let spec = if ctx.dialect == Dialect::Aws {
+                ErrorSpec::new(400, "The provided model identifier is invalid.")
+            } else {
+                ErrorSpec::new(
+                    404,
+                    format!(
+                        "Publisher Model `{}` not found.",
+                        parts.uri.path().rsplit_once(':').map_or("", |(p, _)| p)
+                    ),
+                )
+            };
+            return ctx.error(spec);
+        }
+        let checked = match endpoint {
+            Endpoint::Chat(ChatApi::VertexClaude) => crate::vertex::check_claude_body(&ctx.body),
+            Endpoint::Chat(ChatApi::BedrockInvoke) => crate::bedrock::check_invoke_body(&ctx.body),
+            Endpoint::Chat(ChatApi::Converse) => crate::bedrock::check_converse_body(&ctx.body),
+            _ => Ok(()),
+        };
+        if let Err(message) = checked {
+            return ctx.error(ErrorSpec::new(400, message));
+        }
+    } else if !cfg.models.is_empty() && !cfg.models.contains(&ctx.model) {
         let msg = format!(
             "The model `{}` does not exist or you do not have access to it.",
             ctx.model
@@ -555,6 +696,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request, endpoint: Endpo
         return ctx.error(ErrorSpec::new(404, msg));
     }
     match ctx.decision.fault.clone() {
+        Some(Fault::BedrockStreamException { .. }) if ctx.stream => {}
         Some(f) if ErrorSpec::for_fault(&f).is_some() => {
             let spec = ErrorSpec::for_fault(&f).unwrap_or_else(|| ErrorSpec::new(500, "fault"));
             return ctx.error(spec);
@@ -652,7 +794,13 @@ fn pick_tool(api: ChatApi, body: &Value) -> Option<String> {
                 .and_then(Value::as_str)
                 == Some("tool")
         }
-        ChatApi::Anthropic => body
+        // Vendor APIs pick their tools in crate::vertex / crate::bedrock; Anthropic bodies on
+        // Vertex and Bedrock come here as ChatApi::Anthropic.
+        ChatApi::Anthropic
+        | ChatApi::VertexClaude
+        | ChatApi::BedrockInvoke
+        | ChatApi::Gemini
+        | ChatApi::Converse => body
             .get("messages")
             .and_then(Value::as_array)
             .and_then(|m| m.last())
@@ -686,6 +834,8 @@ fn pick_tool(api: ChatApi, body: &Value) -> Option<String> {
 enum StreamPlan {
     Normal,
     ErrorBeforeContent(ErrorSpec),
+    /// Content deltas, then an in-stream error (a Bedrock exception frame).
+    ErrorAfter(u64, ErrorSpec),
     Cut(u64),
     HangAfterHeaders,
     KeepAlive(Duration),
@@ -695,41 +845,77 @@ async fn chat(ctx: Ctx, api: ChatApi) -> Response {
     let cfg = &ctx.shared.config;
     let mut segments = match api {
         ChatApi::OpenAiChat => tokens::openai_chat_segments(&ctx.body),
-        ChatApi::Anthropic => tokens::anthropic_segments(&ctx.body),
+        ChatApi::Anthropic | ChatApi::VertexClaude | ChatApi::BedrockInvoke => {
+            tokens::anthropic_segments(&ctx.body)
+        }
         ChatApi::Responses => tokens::responses_segments(&ctx.body),
+        ChatApi::Gemini => crate::vertex::gemini_segments(&ctx.body),
+        ChatApi::Converse => crate::bedrock::converse_segments(&ctx.body),
     };
-    if api == ChatApi::Anthropic
+    if api.is_anthropic()
         && cfg.anthropic_implicit_breakpoint
         && segments.iter().all(|s| s.breakpoint.is_none())
         && let Some(last) = segments.last_mut()
     {
         last.breakpoint = Some(None);
     }
-    let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|k| ctx.body.get(*k).and_then(Value::as_u64));
-    let tool = pick_tool(api, &ctx.body);
-    let text_tokens = if tool.is_some() {
+    let max_tokens = match api {
+        ChatApi::Gemini => crate::vertex::gemini_max_tokens(&ctx.body),
+        ChatApi::Converse => crate::bedrock::converse_max_tokens(&ctx.body),
+        _ => ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .iter()
+            .find_map(|k| ctx.body.get(*k).and_then(Value::as_u64)),
+    };
+    let tool = match api {
+        ChatApi::Gemini => crate::vertex::gemini_tool(&ctx.body),
+        ChatApi::Converse => crate::bedrock::converse_tool(&ctx.body),
+        ChatApi::VertexClaude | ChatApi::BedrockInvoke => pick_tool(ChatApi::Anthropic, &ctx.body),
+        _ => pick_tool(api, &ctx.body),
+    };
+    let mut text_tokens = if tool.is_some() {
         0
     } else {
         max_tokens.map_or(cfg.output_tokens, |m| m.min(cfg.output_tokens))
     };
-    let finish = match (&tool, max_tokens) {
+    let mut finish = match (&tool, max_tokens) {
         (Some(_), _) => Finish::ToolCall,
         (None, Some(m)) if m < cfg.output_tokens => Finish::Length,
         _ => Finish::Stop,
     };
-    let output_tokens = if tool.is_some() {
-        TOOL_CALL_TOKENS
+    // Stop sequences (vendor routes only, so the older endpoints keep their behaviour).
+    let stops = match api {
+        ChatApi::Gemini => crate::vertex::gemini_stop_sequences(&ctx.body),
+        ChatApi::Converse | ChatApi::VertexClaude | ChatApi::BedrockInvoke => {
+            crate::bedrock::stop_sequences(&ctx.body)
+        }
+        _ => Vec::new(),
+    };
+    if tool.is_none()
+        && let Some(cut) = stop_cut(text_tokens, &stops)
+    {
+        text_tokens = cut;
+        finish = Finish::StopSequence;
+    }
+    let json_text = if api == ChatApi::Gemini && tool.is_none() {
+        crate::vertex::gemini_json_text(&ctx.body, text_tokens)
     } else {
-        text_tokens
+        None
+    };
+    let output_tokens = match (&tool, &json_text) {
+        (Some(_), _) => TOOL_CALL_TOKENS,
+        (None, Some(t)) => {
+            // JSON mode: one chunk holds the whole text.
+            text_tokens = 1;
+            crate::vertex::json_text_tokens(t)
+        }
+        (None, None) => text_tokens,
     };
     let prompt_estimate: u64 = segments.iter().map(|s| s.tokens).sum();
     let rl = match charge_rate(&ctx, prompt_estimate + output_tokens) {
         Ok(rl) => rl,
         Err(spec) => return ctx.error(*spec),
     };
-    let mode = if api == ChatApi::Anthropic {
+    let mode = if api.is_anthropic() || api == ChatApi::Converse {
         CacheMode::Explicit
     } else {
         CacheMode::Automatic
@@ -766,13 +952,23 @@ async fn chat(ctx: Ctx, api: ChatApi) -> Response {
     let n = ctx.shared.next_id();
     let id = match api {
         ChatApi::OpenAiChat => format!("chatcmpl-mock{n:012}"),
-        ChatApi::Anthropic => format!("msg_mock{n:012}"),
+        ChatApi::Anthropic | ChatApi::VertexClaude | ChatApi::BedrockInvoke => {
+            format!("msg_mock{n:012}")
+        }
         ChatApi::Responses => format!("resp_mock{n:012}"),
+        ChatApi::Gemini => format!("mock{n:012}"),
+        ChatApi::Converse => format!("converse{n:012}"),
     };
+    let model = if api.is_event_stream() {
+        crate::bedrock::base_model_id(&ctx.model).to_owned()
+    } else {
+        ctx.model.clone()
+    };
+    let ttft = Duration::from_millis(cfg.ttft_ms) + ctx.decision.extra_ttft;
     let answer = Answer {
         api,
         id,
-        model: ctx.model.clone(),
+        model,
         created: unix_secs(),
         text_tokens,
         tool,
@@ -780,6 +976,16 @@ async fn chat(ctx: Ctx, api: ChatApi) -> Response {
         usage,
         usage_style: cfg.usage_style,
         include_usage: ctx.include_usage,
+        thoughts_tokens: if api == ChatApi::Gemini {
+            cfg.gemini_thoughts_tokens
+        } else {
+            0
+        },
+        json_text,
+        t0: ctx.t0,
+        uses_cache: api == ChatApi::Converse && crate::bedrock::converse_uses_cache(&ctx.body),
+        first_byte_ms: u64::try_from(ttft.max(Duration::from_millis(cfg.latency_ms)).as_millis())
+            .unwrap_or(u64::MAX),
     };
     let interval = if cfg.tokens_per_sec > 0.0 {
         Duration::from_secs_f64(1.0 / cfg.tokens_per_sec)
@@ -793,6 +999,10 @@ async fn chat(ctx: Ctx, api: ChatApi) -> Response {
             StreamPlan::ErrorBeforeContent(ErrorSpec::for_stream_error(error))
         }
         Some(Fault::CutMidStream { after_deltas }) => StreamPlan::Cut(after_deltas),
+        Some(f @ Fault::BedrockStreamException { after_deltas, .. }) => StreamPlan::ErrorAfter(
+            after_deltas,
+            ErrorSpec::for_fault(&f).unwrap_or_else(|| ErrorSpec::new(500, "stream exception")),
+        ),
         Some(Fault::HangAfterHeaders) => StreamPlan::HangAfterHeaders,
         Some(Fault::HangKeepAlive { interval_ms }) => {
             StreamPlan::KeepAlive(Duration::from_millis(interval_ms.max(1)))
@@ -803,7 +1013,20 @@ async fn chat(ctx: Ctx, api: ChatApi) -> Response {
     rl.apply(ctx.dialect, &mut headers, None, None);
     set_request_id(&mut headers, ctx.dialect, &ctx.request_id);
     ctx.guard.set_status(200);
-    if ctx.stream {
+    if ctx.stream && api.is_event_stream() {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::eventstream::CONTENT_TYPE),
+        );
+        if api == ChatApi::BedrockInvoke {
+            headers.insert(
+                "x-amzn-bedrock-content-type",
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        let body = sse_body(ctx, Sse::new(answer), plan, first_at, interval);
+        (StatusCode::OK, headers, body).into_response()
+    } else if ctx.stream {
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/event-stream"),
@@ -816,8 +1039,69 @@ async fn chat(ctx: Ctx, api: ChatApi) -> Response {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if api == ChatApi::BedrockInvoke {
+            bedrock_invoke_headers(&mut headers, &answer, first_at, interval, ctx.t0);
+        }
         let body = json_body(ctx, answer, plan, first_at, interval);
         (StatusCode::OK, headers, body).into_response()
+    }
+}
+
+/// The first token index at which the answer would contain one of `stops`; `None` when none
+/// occurs within `tokens`.
+fn stop_cut(tokens: u64, stops: &[String]) -> Option<u64> {
+    if stops.iter().all(String::is_empty) {
+        return None;
+    }
+    let mut text = String::new();
+    for i in 0..tokens {
+        text.push_str(&token_text(i));
+        if stops
+            .iter()
+            .any(|s| !s.is_empty() && text.contains(s.as_str()))
+        {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// InvokeModel's usage headers (`X-Amzn-Bedrock-*`), known before the body is sent.
+fn bedrock_invoke_headers(
+    headers: &mut HeaderMap,
+    answer: &Answer,
+    first_at: Instant,
+    interval: Duration,
+    t0: Instant,
+) {
+    let done_at = first_at
+        + interval * u32::try_from(answer.text_tokens.saturating_sub(1)).unwrap_or(u32::MAX);
+    let latency = done_at.saturating_duration_since(t0).as_millis();
+    let u = answer.usage.unwrap_or_default();
+    let values = [
+        (
+            "x-amzn-bedrock-input-token-count",
+            u.prompt_tokens
+                .saturating_sub(u.cached_tokens + u.cache_creation_tokens),
+        ),
+        ("x-amzn-bedrock-output-token-count", u.output_tokens),
+        (
+            "x-amzn-bedrock-invocation-latency",
+            u64::try_from(latency).unwrap_or(u64::MAX),
+        ),
+        (
+            "x-amzn-bedrock-cache-read-input-token-count",
+            u.cached_tokens,
+        ),
+        (
+            "x-amzn-bedrock-cache-write-input-token-count",
+            u.cache_creation_tokens,
+        ),
+    ];
+    for (name, value) in values {
+        if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
+            headers.insert(name, v);
+        }
     }
 }
 
@@ -860,13 +1144,26 @@ fn sse_body(
                     yield Ok(sse.delta(i));
                     guard.token_sent();
                 }
-                yield Ok(torn(&sse.delta(n)));
+                yield Ok(sse.torn_delta(n));
                 sleep(CUT_FLUSH).await;
                 guard.finish();
                 if let Some(a) = &abort {
                     a.0.cancel();
                 }
                 yield Err(io::Error::other("injected mid-stream cut"));
+            }
+            StreamPlan::ErrorAfter(after, spec) => {
+                sleep_until(first_at).await;
+                let n = sse.answer.text_tokens.min(after);
+                for i in 0..n {
+                    sleep_until(first_at + interval * u32::try_from(i).unwrap_or(u32::MAX)).await;
+                    yield Ok(sse.delta(i));
+                    guard.token_sent();
+                }
+                for b in sse.error(&spec) {
+                    yield Ok(b);
+                }
+                guard.finish();
             }
             StreamPlan::HangAfterHeaders => {}
             StreamPlan::Normal => {
@@ -927,7 +1224,7 @@ fn json_body(
                 }
                 yield Err(io::Error::other("injected mid-body cut"));
             }
-            StreamPlan::Normal | StreamPlan::ErrorBeforeContent(_) => {
+            StreamPlan::Normal | StreamPlan::ErrorBeforeContent(_) | StreamPlan::ErrorAfter(..) => {
                 sleep_until(done_at).await;
                 if let Some(u) = answer.usage {
                     guard.usage_sent(u);
@@ -1008,7 +1305,7 @@ async fn finish_simple(ctx: Ctx, tokens: u64, body: Value) -> Response {
                 }
                 yield Err(io::Error::other("injected mid-body cut"));
             }
-            StreamPlan::Normal | StreamPlan::ErrorBeforeContent(_) => {
+            StreamPlan::Normal | StreamPlan::ErrorBeforeContent(_) | StreamPlan::ErrorAfter(..) => {
                 guard.usage_sent(UsageRecord { prompt_tokens: tokens, ..UsageRecord::default() });
                 guard.finish();
                 yield Ok(Bytes::from(body.to_string()));
@@ -1227,4 +1524,116 @@ async fn admin_calls(State(shared): State<Arc<Shared>>) -> Response {
 async fn admin_reset(State(shared): State<Arc<Shared>>) -> Response {
     shared.reset();
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// Records an auth-endpoint call (token, metadata, STS) with its status.
+fn record_auth_call(shared: &Shared, path: &str, status: u16) {
+    let guard = shared.recorder.start(CallRecord {
+        seq: 0,
+        at: Duration::ZERO,
+        path: path.to_owned(),
+        model: String::new(),
+        stream: false,
+        status,
+        include_usage_requested: false,
+        project: None,
+        key_suffix: None,
+        fault: Vec::new(),
+        cancelled_at: None,
+        tokens_streamed: 0,
+        usage: None,
+        finished_at: None,
+    });
+    guard.finish();
+}
+
+fn status_of(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// `POST /token`: Google's OAuth2 token endpoint (JWT-bearer grant), see [`crate::auth`].
+async fn google_token(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let (Some(cfg), Some(keys)) = (&shared.config.google_auth, &shared.google_keys) else {
+        record_auth_call(&shared, "/token", 404);
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": "not_found",
+                "error_description": "this mock has no google_auth configured"})),
+        )
+            .into_response();
+    };
+    let (status, answer) = cfg.token_endpoint(keys, &crate::auth::form(&body));
+    record_auth_call(&shared, "/token", status);
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    (status_of(status), headers, axum::Json(answer)).into_response()
+}
+
+/// `GET /computeMetadata/v1/...`: the GCE/GKE metadata server's token, email and project id.
+async fn gce_metadata(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let path = req.uri().path().to_owned();
+    let flavor = req
+        .headers()
+        .get("metadata-flavor")
+        .and_then(|v| v.to_str().ok());
+    let mut headers = HeaderMap::new();
+    headers.insert("metadata-flavor", HeaderValue::from_static("Google"));
+    let Some(cfg) = shared
+        .config
+        .google_auth
+        .as_ref()
+        .filter(|g| g.metadata_server)
+    else {
+        record_auth_call(&shared, &path, 404);
+        return (StatusCode::NOT_FOUND, headers, "Not Found\n").into_response();
+    };
+    if flavor != Some("Google") {
+        record_auth_call(&shared, &path, 403);
+        return (
+            StatusCode::FORBIDDEN,
+            headers,
+            "Missing required header: Metadata-Flavor: Google\n",
+        )
+            .into_response();
+    }
+    let rest = path.trim_start_matches("/computeMetadata/v1/");
+    // Accounts are addressed as `default` or by email (google-auth does both).
+    let account = rest
+        .strip_prefix("instance/service-accounts/")
+        .and_then(|r| r.split_once('/'))
+        .filter(|(name, _)| *name == "default" || *name == cfg.metadata_email);
+    let answer = match (rest, account) {
+        (_, Some((_, "token"))) => axum::Json(cfg.metadata_token()).into_response(),
+        (_, Some((_, "email"))) => cfg.metadata_email.clone().into_response(),
+        (_, Some((_, ""))) => axum::Json(json!({
+            "aliases": ["default"],
+            "email": cfg.metadata_email,
+            "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        }))
+        .into_response(),
+        ("project/project-id", _) => cfg.project_id.clone().into_response(),
+        _ => {
+            record_auth_call(&shared, &path, 404);
+            return (StatusCode::NOT_FOUND, headers, "Not Found\n").into_response();
+        }
+    };
+    record_auth_call(&shared, &path, 200);
+    (headers, answer).into_response()
+}
+
+/// `POST /`: the STS mock (`Action=AssumeRoleWithWebIdentity`), see [`crate::auth`].
+async fn sts(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/xml"));
+    let Some(cfg) = &shared.config.aws_auth else {
+        record_auth_call(&shared, "/", 404);
+        return (
+            StatusCode::NOT_FOUND,
+            "this mock has no aws_auth configured\n",
+        )
+            .into_response();
+    };
+    let (status, xml) = cfg.sts(&crate::auth::form(&body), shared.next_id());
+    record_auth_call(&shared, "/", status);
+    (status_of(status), headers, xml).into_response()
 }

@@ -41,7 +41,12 @@ pub(crate) fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
     h
 }
 
-fn segment(role: &str, text: &str, tokens: u64, cache_control: Option<&Value>) -> Segment {
+pub(crate) fn segment(
+    role: &str,
+    text: &str,
+    tokens: u64,
+    cache_control: Option<&Value>,
+) -> Segment {
     let mut bytes = Vec::with_capacity(role.len() + 1 + text.len());
     bytes.extend_from_slice(role.as_bytes());
     bytes.push(0);
@@ -58,17 +63,17 @@ fn segment(role: &str, text: &str, tokens: u64, cache_control: Option<&Value>) -
     }
 }
 
-fn text_segment(role: &str, text: &str, cache_control: Option<&Value>) -> Segment {
+pub(crate) fn text_segment(role: &str, text: &str, cache_control: Option<&Value>) -> Segment {
     segment(role, text, count_tokens(text), cache_control)
 }
 
-fn json_segment(role: &str, value: &Value) -> Segment {
+pub(crate) fn json_segment(role: &str, value: &Value) -> Segment {
     let text = value.to_string();
     text_segment(role, &text, value.get("cache_control"))
 }
 
 /// Text of an OpenAI message `content` (string or array of parts).
-fn openai_content_text(content: &Value) -> String {
+pub(crate) fn openai_content_text(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts

@@ -28,6 +28,30 @@ pub(crate) enum ChatApi {
     OpenAiChat,
     Anthropic,
     Responses,
+    /// Claude on Vertex AI (`:rawPredict`): Anthropic's wire format, model from the path.
+    VertexClaude,
+    /// Gemini on Vertex AI (`:generateContent`), see [`crate::vertex`].
+    Gemini,
+    /// Bedrock Converse / ConverseStream, see [`crate::bedrock`].
+    Converse,
+    /// Bedrock InvokeModel(WithResponseStream) with an Anthropic body: Anthropic JSON, or
+    /// Anthropic events inside event-stream `chunk` frames.
+    BedrockInvoke,
+}
+
+impl ChatApi {
+    /// Whether the answer is Anthropic Messages (on any of the three routes).
+    pub(crate) fn is_anthropic(self) -> bool {
+        matches!(
+            self,
+            Self::Anthropic | Self::VertexClaude | Self::BedrockInvoke
+        )
+    }
+
+    /// Whether a stream is AWS event-stream frames rather than SSE.
+    pub(crate) fn is_event_stream(self) -> bool {
+        matches!(self, Self::Converse | Self::BedrockInvoke)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +59,8 @@ pub(crate) enum Finish {
     Stop,
     Length,
     ToolCall,
+    /// A request stop sequence ended the answer.
+    StopSequence,
 }
 
 /// Everything needed to render one answer.
@@ -53,6 +79,16 @@ pub(crate) struct Answer {
     pub(crate) usage: Option<UsageRecord>,
     pub(crate) usage_style: UsageStyle,
     pub(crate) include_usage: bool,
+    /// Gemini `thoughtsTokenCount` (separate from the output tokens).
+    pub(crate) thoughts_tokens: u64,
+    /// Gemini JSON mode: the whole answer text (sent as one chunk).
+    pub(crate) json_text: Option<String>,
+    /// Request arrival, for Bedrock's `latencyMs`.
+    pub(crate) t0: tokio::time::Instant,
+    /// Converse: the request had a `cachePoint` (usage then names the cache fields).
+    pub(crate) uses_cache: bool,
+    /// Milliseconds from arrival to the first content token (Bedrock `firstByteLatency`).
+    pub(crate) first_byte_ms: u64,
 }
 
 /// Text of content token `i`.
@@ -120,12 +156,13 @@ impl Answer {
             Finish::Stop => "end_turn",
             Finish::Length => "max_tokens",
             Finish::ToolCall => "tool_use",
+            Finish::StopSequence => "stop_sequence",
         }
     }
 
     fn openai_finish(&self) -> &'static str {
         match self.finish {
-            Finish::Stop => "stop",
+            Finish::Stop | Finish::StopSequence => "stop",
             Finish::Length => "length",
             Finish::ToolCall => "tool_calls",
         }
@@ -135,8 +172,12 @@ impl Answer {
     pub(crate) fn json(&self) -> Value {
         match self.api {
             ChatApi::OpenAiChat => self.openai_json(),
-            ChatApi::Anthropic => self.anthropic_json(),
+            ChatApi::Anthropic | ChatApi::VertexClaude | ChatApi::BedrockInvoke => {
+                self.anthropic_json()
+            }
             ChatApi::Responses => self.responses_object(self.responses_final_status(), true),
+            ChatApi::Gemini => crate::vertex::json_body(self),
+            ChatApi::Converse => crate::bedrock::converse_json(self),
         }
     }
 
@@ -247,6 +288,11 @@ fn event(name: &str, v: &Value) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
 }
 
+/// Gemini's SSE framing: `data: <json>` ended by a CRLF blank line, as Vertex sends it.
+fn gemini_data(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\r\n\r\n"))
+}
+
 /// The same event without its terminating blank line (a torn event, field case 19b).
 pub(crate) fn torn(b: &Bytes) -> Bytes {
     let s = String::from_utf8_lossy(b);
@@ -281,6 +327,15 @@ impl Sse {
         event(kind, &v)
     }
 
+    /// An Anthropic event as SSE, or as an InvokeModelWithResponseStream `chunk` frame.
+    fn anth(&self, name: &str, v: &Value) -> Bytes {
+        if self.answer.api == ChatApi::BedrockInvoke {
+            crate::eventstream::chunk_frame(v)
+        } else {
+            event(name, v)
+        }
+    }
+
     fn anthropic_message_start(&self) -> Bytes {
         let a = &self.answer;
         let mut msg = json!({"id": a.id, "type": "message", "role": "assistant", "model": a.model,
@@ -288,7 +343,7 @@ impl Sse {
         if let (Some(u), Some(obj)) = (&a.usage, msg.as_object_mut()) {
             obj.insert("usage".to_owned(), anthropic_usage(u, 1));
         }
-        event(
+        self.anth(
             "message_start",
             &json!({"type": "message_start", "message": msg}),
         )
@@ -303,7 +358,7 @@ impl Sse {
                     &self.chunk(json!({"role": "assistant", "content": ""}), None),
                 )]
             }
-            ChatApi::Anthropic => {
+            ChatApi::Anthropic | ChatApi::VertexClaude | ChatApi::BedrockInvoke => {
                 let mut v = vec![self.anthropic_message_start()];
                 if !for_error {
                     let block = match &self.answer.tool {
@@ -312,15 +367,20 @@ impl Sse {
                             "name": name, "input": {}}),
                         None => json!({"type": "text", "text": ""}),
                     };
-                    v.push(event(
+                    v.push(self.anth(
                         "content_block_start",
                         &json!({"type": "content_block_start",
                         "index": 0, "content_block": block}),
                     ));
                 }
-                v.push(event("ping", &json!({"type": "ping"})));
+                // Bedrock's chunk stream carries no pings.
+                if self.answer.api != ChatApi::BedrockInvoke {
+                    v.push(event("ping", &json!({"type": "ping"})));
+                }
                 v
             }
+            ChatApi::Gemini => Vec::new(),
+            ChatApi::Converse => crate::bedrock::converse_preamble(&self.answer, for_error),
             ChatApi::Responses => {
                 let created = self.answer.responses_object("in_progress", false);
                 let mut v = vec![
@@ -348,17 +408,29 @@ impl Sse {
         }
     }
 
+    /// Content delta `i` torn in half: an SSE event without its blank line, or half a frame.
+    pub(crate) fn torn_delta(&mut self, i: u64) -> Bytes {
+        let whole = self.delta(i);
+        if self.answer.api.is_event_stream() {
+            crate::eventstream::torn_frame(&whole)
+        } else {
+            torn(&whole)
+        }
+    }
+
     /// Content delta for token `i`.
     pub(crate) fn delta(&mut self, i: u64) -> Bytes {
         let text = token_text(i);
         match self.answer.api {
             ChatApi::OpenAiChat => data(&self.chunk(json!({"content": text}), None)),
-            ChatApi::Anthropic => event(
+            ChatApi::Anthropic | ChatApi::VertexClaude | ChatApi::BedrockInvoke => self.anth(
                 "content_block_delta",
                 &json!({
                 "type": "content_block_delta", "index": 0,
                 "delta": {"type": "text_delta", "text": text}}),
             ),
+            ChatApi::Gemini => gemini_data(&crate::vertex::delta_chunk(&self.answer, i)),
+            ChatApi::Converse => crate::bedrock::converse_delta(i),
             ChatApi::Responses => {
                 let item_id = format!("msg_{}", self.answer.id);
                 self.resp_event(
@@ -389,12 +461,14 @@ impl Sse {
                     None,
                 )),
             ],
-            ChatApi::Anthropic => vec![event(
+            ChatApi::Anthropic | ChatApi::VertexClaude | ChatApi::BedrockInvoke => vec![self.anth(
                 "content_block_delta",
                 &json!({
                 "type": "content_block_delta", "index": 0,
                 "delta": {"type": "input_json_delta", "partial_json": TOOL_ARGS}}),
             )],
+            ChatApi::Gemini => vec![gemini_data(&crate::vertex::tool_chunk(&self.answer))],
+            ChatApi::Converse => vec![crate::bedrock::converse_tool_delta()],
             ChatApi::Responses => {
                 let item_id = format!("fc_{}", self.answer.id);
                 vec![
@@ -440,23 +514,37 @@ impl Sse {
                 v.push(Bytes::from_static(b"data: [DONE]\n\n"));
                 (v, sent)
             }
-            ChatApi::Anthropic => {
+            ChatApi::Anthropic | ChatApi::VertexClaude | ChatApi::BedrockInvoke => {
                 let mut delta = json!({"type": "message_delta",
                     "delta": {"stop_reason": self.answer.anthropic_stop(), "stop_sequence": null}});
                 if let (Some(u), Some(obj)) = (&usage, delta.as_object_mut()) {
                     // Cumulative counts, as the current API repeats them at the end.
                     obj.insert("usage".to_owned(), anthropic_usage(u, u.output_tokens));
                 }
+                let mut stop = json!({"type": "message_stop"});
+                if self.answer.api == ChatApi::BedrockInvoke
+                    && let Some(obj) = stop.as_object_mut()
+                {
+                    obj.insert(
+                        "amazon-bedrock-invocationMetrics".to_owned(),
+                        crate::bedrock::invocation_metrics(&self.answer),
+                    );
+                }
                 let v = vec![
-                    event(
+                    self.anth(
                         "content_block_stop",
                         &json!({"type": "content_block_stop", "index": 0}),
                     ),
-                    event("message_delta", &delta),
-                    event("message_stop", &json!({"type": "message_stop"})),
+                    self.anth("message_delta", &delta),
+                    self.anth("message_stop", &stop),
                 ];
                 (v, usage)
             }
+            ChatApi::Gemini => (
+                vec![gemini_data(&crate::vertex::final_chunk(&self.answer))],
+                usage,
+            ),
+            ChatApi::Converse => (crate::bedrock::converse_finish(&self.answer), usage),
             ChatApi::Responses => {
                 let item = self.answer.responses_item(true);
                 let mut v = Vec::new();
@@ -493,7 +581,11 @@ impl Sse {
         match self.answer.api {
             ChatApi::OpenAiChat => vec![data(&json!({"error": {"message": e.message,
                 "type": e.openai_type, "param": null, "code": e.openai_code}}))],
-            ChatApi::Anthropic => vec![event(
+            ChatApi::BedrockInvoke | ChatApi::Converse => {
+                vec![crate::bedrock::stream_exception(e)]
+            }
+            ChatApi::Gemini => vec![gemini_data(&e.body(crate::errors::Dialect::Google, ""))],
+            ChatApi::Anthropic | ChatApi::VertexClaude => vec![event(
                 "error",
                 &json!({"type": "error",
                 "error": {"type": e.anthropic_type, "message": e.message}}),
@@ -521,8 +613,12 @@ impl Sse {
                 comment,
                 data(&self.chunk(json!({"role": "assistant", "content": ""}), None)),
             ],
-            ChatApi::Anthropic => vec![comment, event("ping", &json!({"type": "ping"}))],
-            ChatApi::Responses => vec![comment],
+            ChatApi::Anthropic | ChatApi::VertexClaude => {
+                vec![comment, event("ping", &json!({"type": "ping"}))]
+            }
+            ChatApi::Responses | ChatApi::Gemini => vec![comment],
+            // An event stream has no comment frame; a hung Bedrock stream is silent.
+            ChatApi::Converse | ChatApi::BedrockInvoke => Vec::new(),
         }
     }
 }
