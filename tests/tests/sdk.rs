@@ -488,3 +488,138 @@ async fn curl_posts_and_streams_through_router() {
     );
     assert!(buf.trim().is_empty(), "stream ended mid-event: {buf:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Vertex AI and Bedrock behind the router (issue 11, items 2, 3 and 6): the official SDKs as
+// clients, the router's adapters as the only thing speaking the vendors' formats, the mock
+// checking OAuth tokens and SigV4 signatures like the real services.
+// ---------------------------------------------------------------------------------------------
+
+/// Claude on Vertex, Gemini on Vertex, Claude on Bedrock (InvokeModel) and a non-Anthropic
+/// model on Bedrock (Converse), one route each.
+fn vendor_setup() -> Setup {
+    Setup::new()
+        .provider(
+            Provider::vertex("vc", "claude-sonnet-4@20250514").models(&[("claude-vx", "text")]),
+        )
+        .provider(Provider::vertex("vg", "gemini-2.5-flash").models(&[("gemini-vx", "text")]))
+        .provider(
+            Provider::bedrock("bi", "us.anthropic.claude-3-5-haiku-20241022-v1:0")
+                .models(&[("claude-br", "text")]),
+        )
+        .provider(Provider::bedrock("bc", "amazon.nova-pro-v1:0").models(&[("nova-br", "text")]))
+        .policy(Policy::chat("claude-vx", &["vc"]))
+        .policy(Policy::chat("gemini-vx", &["vg"]))
+        .policy(Policy::chat("claude-br", &["bi"]))
+        .policy(Policy::chat("nova-br", &["bc"]))
+}
+
+/// Every model call of `mock` succeeded and went to one of `suffixes`; returns how many
+/// there were. (OAuth token requests to the mock's `/token` are not model calls.)
+fn assert_vendor_calls(stack: &Stack, mock: &str, suffixes: &[&str]) -> usize {
+    let calls: Vec<_> = stack
+        .mock(mock)
+        .calls()
+        .into_iter()
+        .filter(|c| c.path != "/token")
+        .collect();
+    assert!(!calls.is_empty(), "{mock}: no upstream calls");
+    for c in &calls {
+        assert_eq!(c.status, 200, "{mock}: upstream call refused: {c:?}");
+        assert!(
+            suffixes.iter().any(|s| c.path.ends_with(s)),
+            "{mock}: unexpected path {}",
+            c.path
+        );
+    }
+    calls.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_sdk_through_router_to_gemini_on_vertex_and_converse_on_bedrock() {
+    let _g = serial().await;
+    let Some(py) = python() else { return };
+    let stack = Stack::start(vendor_setup()).await;
+    let base = stack.router.base_url.clone();
+    // Gemini on Vertex in the client's own dialect, Claude on Bedrock across dialects.
+    let r = run_script(
+        &py,
+        "openai_client.py",
+        &[
+            "--base-url",
+            &base,
+            "--api-key",
+            KEY,
+            "--chat-model",
+            "gemini-vx",
+            "--cross-model",
+            "claude-br",
+        ],
+    )
+    .await;
+    assert_openai_report(&r, Some("vg"), true, false);
+    assert_vendor_calls(
+        &stack,
+        "vg",
+        &[":generateContent", ":streamGenerateContent"],
+    );
+    assert_vendor_calls(&stack, "bi", &["/invoke", "/invoke-with-response-stream"]);
+    // Converse on Bedrock, and Claude on Vertex across dialects.
+    let r = run_script(
+        &py,
+        "openai_client.py",
+        &[
+            "--base-url",
+            &base,
+            "--api-key",
+            KEY,
+            "--chat-model",
+            "nova-br",
+            "--cross-model",
+            "claude-vx",
+        ],
+    )
+    .await;
+    assert_openai_report(&r, Some("bc"), true, false);
+    assert_vendor_calls(&stack, "bc", &["/converse", "/converse-stream"]);
+    assert_vendor_calls(&stack, "vc", &[":rawPredict", ":streamRawPredict"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_sdk_through_router_to_claude_on_vertex_and_bedrock() {
+    let _g = serial().await;
+    let Some(py) = python() else { return };
+    let stack = Stack::start(vendor_setup()).await;
+    let base = stack.router.base_url.clone();
+    for (model, provider, cross) in [
+        ("claude-vx", "vc", "gemini-vx"),
+        ("claude-br", "bi", "nova-br"),
+    ] {
+        let r = run_script(
+            &py,
+            "anthropic_client.py",
+            &[
+                "--base-url",
+                &base,
+                "--api-key",
+                KEY,
+                "--model",
+                model,
+                "--cross-model",
+                cross,
+            ],
+        )
+        .await;
+        assert_anthropic_report(&r, Some(provider), true);
+    }
+    assert!(assert_vendor_calls(&stack, "vc", &[":rawPredict", ":streamRawPredict"]) >= 4);
+    assert!(assert_vendor_calls(&stack, "bi", &["/invoke", "/invoke-with-response-stream"]) >= 4);
+    assert!(
+        assert_vendor_calls(
+            &stack,
+            "vg",
+            &[":generateContent", ":streamGenerateContent"]
+        ) >= 2
+    );
+    assert!(assert_vendor_calls(&stack, "bc", &["/converse", "/converse-stream"]) >= 2);
+}

@@ -70,6 +70,11 @@ pub(crate) enum Api {
     Openai,
     /// `api: anthropic`.
     Anthropic,
+    /// `api: vertex` against the mock's Vertex paths, with the test service-account key and
+    /// the mock's OAuth token endpoint.
+    Vertex,
+    /// `api: bedrock` against the mock's Bedrock paths, SigV4-signed with the test keys.
+    Bedrock,
 }
 
 impl Api {
@@ -77,6 +82,8 @@ impl Api {
         match self {
             Api::Openai => "openai",
             Api::Anthropic => "anthropic",
+            Api::Vertex => "vertex",
+            Api::Bedrock => "bedrock",
         }
     }
 }
@@ -99,6 +106,8 @@ pub(crate) struct Provider {
     pub(crate) extra: Vec<String>,
     /// List prices of every model, USD per million input and output tokens.
     pub(crate) pricing: Option<(String, String)>,
+    /// `upstreamName` of every model (a Vertex or Bedrock model id), when set.
+    pub(crate) upstream: Option<String>,
 }
 
 impl Provider {
@@ -110,6 +119,26 @@ impl Provider {
     /// An Anthropic provider serving `e2e-chat` (text).
     pub(crate) fn anthropic(name: &str) -> Self {
         Self::new(name, Api::Anthropic)
+    }
+
+    /// A Vertex AI provider serving `e2e-chat` as `model` (a `claude-…` id is Claude on
+    /// Vertex, anything else Gemini); the mock checks OAuth tokens of the test account.
+    pub(crate) fn vertex(name: &str, model: &str) -> Self {
+        let mut p = Self::new(name, Api::Vertex);
+        p.mock.google_auth = Some(switchyard_mock::GoogleAuthConfig::default());
+        p.upstream = Some(model.to_owned());
+        p.region = Some("us-east5".to_owned());
+        p
+    }
+
+    /// A Bedrock provider serving `e2e-chat` as `model` (an Anthropic id uses InvokeModel,
+    /// anything else Converse); the mock checks SigV4 with the test keys.
+    pub(crate) fn bedrock(name: &str, model: &str) -> Self {
+        let mut p = Self::new(name, Api::Bedrock);
+        p.mock.aws_auth = Some(switchyard_mock::AwsAuthConfig::default());
+        p.upstream = Some(model.to_owned());
+        p.region = Some("us-east-1".to_owned());
+        p
     }
 
     fn new(name: &str, api: Api) -> Self {
@@ -124,6 +153,7 @@ impl Provider {
             models: vec![("e2e-chat".to_owned(), "text".to_owned())],
             extra: Vec::new(),
             pricing: None,
+            upstream: None,
         }
     }
 
@@ -292,12 +322,34 @@ pub(crate) fn manifests(setup: &Setup, addrs: &BTreeMap<String, SocketAddr>) -> 
         if let Some(r) = &p.region {
             let _ = writeln!(out, "  region: {r}");
         }
+        match p.api {
+            Api::Vertex => {
+                let _ = writeln!(
+                    out,
+                    "  vertex: {{projectId: switchyard-test, tokenUrl: \"http://{addr}/token\"}}\n  credentials: {{secretRef: {{name: vertex-sa, key: key.json}}}}"
+                );
+            }
+            Api::Bedrock => {
+                let _ = writeln!(
+                    out,
+                    "  credentials: {{secretRef: {{name: aws-e2e, key: secret}}, accessKeyIdRef: {{name: aws-e2e, key: id}}}}"
+                );
+            }
+            Api::Openai | Api::Anthropic => {}
+        }
         out.push_str("  models:\n");
         for (m, modality) in &p.models {
             let price = p.pricing.as_ref().map_or(String::new(), |(i, o)| {
                 format!(", pricing: {{inputPerMillion: \"{i}\", outputPerMillion: \"{o}\"}}")
             });
-            let _ = writeln!(out, "    - {{name: {m}, modalities: [{modality}]{price}}}");
+            let upstream = p
+                .upstream
+                .as_ref()
+                .map_or(String::new(), |u| format!(", upstreamName: \"{u}\""));
+            let _ = writeln!(
+                out,
+                "    - {{name: {m}, modalities: [{modality}]{price}{upstream}}}"
+            );
         }
         for l in &p.extra {
             let _ = writeln!(out, "  {l}");
@@ -372,6 +424,24 @@ impl Stack {
         for (name, key) in &setup.keys {
             std::fs::write(secrets_dir.join("e2e-keys").join(name), key).unwrap();
         }
+        // Vendor credentials: the mock's test service-account key and test AWS keys.
+        std::fs::create_dir_all(secrets_dir.join("vertex-sa")).unwrap();
+        std::fs::write(
+            secrets_dir.join("vertex-sa/key.json"),
+            switchyard_mock::TEST_SA_KEY_JSON,
+        )
+        .unwrap();
+        std::fs::create_dir_all(secrets_dir.join("aws-e2e")).unwrap();
+        std::fs::write(
+            secrets_dir.join("aws-e2e/id"),
+            switchyard_mock::TEST_AWS_ACCESS_KEY_ID,
+        )
+        .unwrap();
+        std::fs::write(
+            secrets_dir.join("aws-e2e/secret"),
+            switchyard_mock::TEST_AWS_SECRET_ACCESS_KEY,
+        )
+        .unwrap();
         std::fs::write(manifest_dir.join("e2e.yaml"), manifests(&setup, &addrs)).unwrap();
         let router = Router::spawn(&manifest_dir, &secrets_dir, &setup.env).await;
         let mut stack = Stack {
