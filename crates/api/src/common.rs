@@ -150,6 +150,9 @@ pub mod reason {
     /// The provider's settings cannot work with its API (a region that is not a region
     /// name, no project, an endpoint that is not a URL, keys that do not parse).
     pub const PROVIDER_UNUSABLE: &str = "ProviderUnusable";
+    /// Credentials could not be obtained or the provider refused them (token endpoint or STS
+    /// refused, 401/403 answers).
+    pub const CREDENTIALS_REJECTED: &str = "CredentialsRejected";
     pub const LOW_AVAILABILITY: &str = "LowAvailability";
     /// Availability is back above the threshold.
     pub const RECOVERED: &str = "Recovered";

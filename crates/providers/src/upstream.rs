@@ -222,6 +222,9 @@ pub struct UpstreamClient {
     adapter: Arc<dyn Adapter>,
     http: reqwest::Client,
     timeouts: Timeouts,
+    /// The last credential problem seen (no token, refused keys, a 401/403 answer), cleared by
+    /// the next success; shown as `Ready=False` in status.
+    credential_problem: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Idle pooled connections are closed after this long: below the typical 120 s idle cut of
@@ -250,6 +253,7 @@ impl UpstreamClient {
             adapter,
             http,
             timeouts,
+            credential_problem: Arc::default(),
         }
     }
 
@@ -331,14 +335,55 @@ impl UpstreamClient {
             stream,
             body,
         };
-        let response = self
-            .send_prepared(self.adapter.prepare(call.clone()).await?)
-            .await?;
+        let prepared = self.noting(self.adapter.prepare(call.clone()).await)?;
+        let mut response = self.send_prepared(prepared).await?;
         if response.status == StatusCode::UNAUTHORIZED && self.adapter.unauthorized() {
             drop(response);
-            return self.send_prepared(self.adapter.prepare(call).await?).await;
+            let prepared = self.noting(self.adapter.prepare(call).await)?;
+            response = self.send_prepared(prepared).await?;
+        }
+        match response.status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => self.note(Some(format!(
+                "the provider refused our credentials (HTTP {})",
+                response.status.as_u16()
+            ))),
+            s if s.is_success() => self.note(None),
+            _ => {}
         }
         Ok(response)
+    }
+
+    /// The last credential problem (see the field's docs), if any.
+    pub fn credential_problem(&self) -> Option<String> {
+        self.credential_problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Obtains credentials now ([`Adapter::check_credentials`]) and records the outcome, so
+    /// a key the token endpoint refuses or an STS that refuses the role shows in status before
+    /// traffic arrives.
+    pub async fn check_credentials(&self) {
+        let result = self.adapter.check_credentials().await;
+        self.note(result.err());
+    }
+
+    fn note(&self, problem: Option<String>) {
+        *self
+            .credential_problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = problem;
+    }
+
+    fn noting(
+        &self,
+        prepared: Result<Prepared, TransportError>,
+    ) -> Result<Prepared, TransportError> {
+        if let Err(TransportError::Credentials(m)) = &prepared {
+            self.note(Some(m.clone()));
+        }
+        prepared
     }
 
     async fn send_prepared(&self, p: Prepared) -> Result<UpstreamResponse, TransportError> {

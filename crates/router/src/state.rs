@@ -259,8 +259,20 @@ impl Runtime {
         self.live.load_full()
     }
 
-    /// Installs a new table, keeping the state of providers and routes that remain.
+    /// Installs a new table, keeping the state of providers and routes that remain, and
+    /// (inside a tokio runtime) checks every provider's credentials in the background so a
+    /// refused key shows in status before traffic arrives.
     pub fn swap(&self, table: RoutingTable) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let clients: Vec<_> = table
+                .providers
+                .iter()
+                .filter_map(|p| p.client.as_ref().ok().cloned())
+                .collect();
+            rt.spawn(async move {
+                futures::future::join_all(clients.iter().map(|c| c.check_credentials())).await;
+            });
+        }
         let mut controller_cfg: Vec<Option<ControllerConfig>> = vec![None; table.providers.len()];
         for route in &table.routes {
             for p in &route.providers {

@@ -162,6 +162,15 @@ pub fn snapshot(app: &App) -> StatusDocument {
             let availability = s.availability();
             let window = s.last_window();
             let ready = match &p.client {
+                Ok(c) if let Some(problem) = c.credential_problem() => t.condition(
+                    &p.key,
+                    condition::READY,
+                    false,
+                    reason::CREDENTIALS_REJECTED,
+                    problem,
+                    p.generation,
+                    now,
+                ),
                 Ok(_) => t.condition(
                     &p.key,
                     condition::READY,

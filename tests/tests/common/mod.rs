@@ -108,6 +108,9 @@ pub(crate) struct Provider {
     pub(crate) pricing: Option<(String, String)>,
     /// `upstreamName` of every model (a Vertex or Bedrock model id), when set.
     pub(crate) upstream: Option<String>,
+    /// For `vertex` and `bedrock`: the `credentials:` value written instead of the test
+    /// credentials (`""` writes none, e.g. for IRSA or the metadata server).
+    pub(crate) credentials: Option<String>,
 }
 
 impl Provider {
@@ -154,7 +157,15 @@ impl Provider {
             extra: Vec::new(),
             pricing: None,
             upstream: None,
+            credentials: None,
         }
+    }
+
+    /// Replaces the test credentials of a `vertex` or `bedrock` provider with `yaml` (the
+    /// value of `credentials:`; empty for none).
+    pub(crate) fn credentials(mut self, yaml: &str) -> Self {
+        self.credentials = Some(yaml.to_owned());
+        self
     }
 
     /// Sets every model's list prices (USD per million input / output tokens).
@@ -326,14 +337,23 @@ pub(crate) fn manifests(setup: &Setup, addrs: &BTreeMap<String, SocketAddr>) -> 
             Api::Vertex => {
                 let _ = writeln!(
                     out,
-                    "  vertex: {{projectId: switchyard-test, tokenUrl: \"http://{addr}/token\"}}\n  credentials: {{secretRef: {{name: vertex-sa, key: key.json}}}}"
+                    "  vertex: {{projectId: switchyard-test, tokenUrl: \"http://{addr}/token\", metadataUrl: \"http://{addr}\"}}"
                 );
+                let creds = p
+                    .credentials
+                    .as_deref()
+                    .unwrap_or("{secretRef: {name: vertex-sa, key: key.json}}");
+                if !creds.is_empty() {
+                    let _ = writeln!(out, "  credentials: {creds}");
+                }
             }
             Api::Bedrock => {
-                let _ = writeln!(
-                    out,
-                    "  credentials: {{secretRef: {{name: aws-e2e, key: secret}}, accessKeyIdRef: {{name: aws-e2e, key: id}}}}"
+                let creds = p.credentials.as_deref().unwrap_or(
+                    "{secretRef: {name: aws-e2e, key: secret}, accessKeyIdRef: {name: aws-e2e, key: id}}",
                 );
+                if !creds.is_empty() {
+                    let _ = writeln!(out, "  credentials: {creds}");
+                }
             }
             Api::Openai | Api::Anthropic => {}
         }
@@ -431,6 +451,12 @@ impl Stack {
             switchyard_mock::TEST_SA_KEY_JSON,
         )
         .unwrap();
+        std::fs::write(
+            secrets_dir.join("vertex-sa/untrusted.json"),
+            include_str!("../../../crates/mock/testdata/vertex-test-sa-untrusted.json"),
+        )
+        .unwrap();
+        std::fs::write(secrets_dir.join("vertex-sa/garbage.json"), "{not a key").unwrap();
         std::fs::create_dir_all(secrets_dir.join("aws-e2e")).unwrap();
         std::fs::write(
             secrets_dir.join("aws-e2e/id"),
