@@ -544,6 +544,7 @@ async fn vendor_error_shapes_over_plain_http() {
     let mock = MockProvider::start(MockConfig {
         faults: faults(json!([
             {"kind": "vertex_resource_exhausted", "when": {"models": ["gemini-exhausted"]}},
+            {"kind": "rate_limited", "retry_after": 5, "when": {"models": ["gemini-rate-limited"]}},
             {"kind": "bedrock_exception", "exception": "ThrottlingException", "status": 400,
              "message": "Too many tokens per day, please wait before trying again.",
              "when": {"models": ["throttled-400"]}},
@@ -577,6 +578,18 @@ async fn vendor_error_shapes_over_plain_http() {
     );
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], 429, "{body}");
+    assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED", "{body}");
+
+    // A generic rate limit on a Vertex path: Google's shape, still no Retry-After.
+    let r = http
+        .post(vertex("google", "gemini-rate-limited", "generateContent"))
+        .json(&contents)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(!r.headers().contains_key("retry-after"));
+    let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED", "{body}");
 
     let r = http
