@@ -338,6 +338,16 @@ async fn bedrock_boto3_and_anthropic_bedrock_against_mock() {
         "{ab}"
     );
 
+    // Requests are recorded with the signing key's last 4 characters: the test key's ("ST01")
+    // and an STS-issued ASIA key's.
+    let suffixes: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path.starts_with("/model/"))
+        .filter_map(|c| c.key_suffix)
+        .collect();
+    assert!(suffixes.iter().any(|k| k == "ST01"), "{suffixes:?}");
+
     // The mock saw the signed paths the SDKs built for every model-id form.
     let paths: Vec<String> = mock.calls().into_iter().map(|c| c.path).collect();
     for want in [
