@@ -338,6 +338,16 @@ async fn bedrock_boto3_and_anthropic_bedrock_against_mock() {
         "{ab}"
     );
 
+    // Requests are recorded with the signing key's last 4 characters: the test key's ("ST01")
+    // and an STS-issued ASIA key's.
+    let suffixes: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path.starts_with("/model/"))
+        .filter_map(|c| c.key_suffix)
+        .collect();
+    assert!(suffixes.iter().any(|k| k == "ST01"), "{suffixes:?}");
+
     // The mock saw the signed paths the SDKs built for every model-id form.
     let paths: Vec<String> = mock.calls().into_iter().map(|c| c.path).collect();
     for want in [
@@ -544,6 +554,8 @@ async fn vendor_error_shapes_over_plain_http() {
     let mock = MockProvider::start(MockConfig {
         faults: faults(json!([
             {"kind": "vertex_resource_exhausted", "when": {"models": ["gemini-exhausted"]}},
+            {"kind": "rate_limited", "retry_after": 5, "when": {"models": ["gemini-rate-limited"]}},
+            {"kind": "cut_mid_stream", "after_deltas": 2, "when": {"models": ["cut-stream"]}},
             {"kind": "bedrock_exception", "exception": "ThrottlingException", "status": 400,
              "message": "Too many tokens per day, please wait before trying again.",
              "when": {"models": ["throttled-400"]}},
@@ -577,6 +589,18 @@ async fn vendor_error_shapes_over_plain_http() {
     );
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], 429, "{body}");
+    assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED", "{body}");
+
+    // A generic rate limit on a Vertex path: Google's shape, still no Retry-After.
+    let r = http
+        .post(vertex("google", "gemini-rate-limited", "generateContent"))
+        .json(&contents)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(!r.headers().contains_key("retry-after"));
+    let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED", "{body}");
 
     let r = http
@@ -615,6 +639,73 @@ async fn vendor_error_shapes_over_plain_http() {
         body,
         json!({"message": "Too many tokens per day, please wait before trying again."})
     );
+
+    // Stop sequences end the answer before the token that contains them.
+    let r = http
+        .post(vertex("google", "gemini-2.5-flash", "generateContent"))
+        .json(
+            &json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+            "generationConfig": {"stopSequences": ["token3"]}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["candidates"][0]["content"]["parts"][0]["text"],
+        answer(3),
+        "{body}"
+    );
+    assert_eq!(body["candidates"][0]["finishReason"], "STOP", "{body}");
+    assert_eq!(body["usageMetadata"]["candidatesTokenCount"], 3, "{body}");
+    let r = http
+        .post(format!(
+            "{base}/model/anthropic.claude-sonnet-4-20250514-v1%3A0/converse"
+        ))
+        .json(
+            &json!({"messages": [{"role": "user", "content": [{"text": "hi"}]}],
+            "inferenceConfig": {"stopSequences": ["token2"]}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["stopReason"], "stop_sequence", "{body}");
+    assert_eq!(
+        body["output"]["message"]["content"][0]["text"],
+        answer(2),
+        "{body}"
+    );
+
+    // cut_mid_stream on ConverseStream: messageStart and 2 whole delta frames, then half a
+    // frame and a reset.
+    let mut r = http
+        .post(format!("{base}/model/cut-stream/converse-stream"))
+        .json(&json!({"messages": [{"role": "user", "content": [{"text": "hi"}]}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut wire = Vec::new();
+    let ended_in_error = loop {
+        match r.chunk().await {
+            Ok(Some(b)) => wire.extend_from_slice(&b),
+            Ok(None) => break false,
+            Err(_) => break true,
+        }
+    };
+    assert!(ended_in_error, "a cut stream ends with a transport error");
+    let (mut whole, mut at) = (0, 0);
+    while wire.len() - at >= 4 {
+        let len = u32::from_be_bytes(wire[at..at + 4].try_into().unwrap()) as usize;
+        if len > wire.len() - at {
+            break;
+        }
+        whole += 1;
+        at += len;
+    }
+    assert_eq!(whole, 3, "messageStart + 2 deltas");
+    assert!(at < wire.len(), "a torn frame follows");
 
     // No aws_auth: an unsigned Converse is served; STS and /token are not.
     let r = http

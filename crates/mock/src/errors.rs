@@ -7,7 +7,7 @@
 //! (503/529).
 //! Google shape (Vertex AI): `{"error": {"code", "message", "status"}}` with canonical status
 //! names (`RESOURCE_EXHAUSTED` for 429, `INVALID_ARGUMENT` for 400, `UNAUTHENTICATED` for 401, ...)
-//! and no rate-limit or `Retry-After` headers.
+//! and no rate-limit or `Retry-After` headers (a fault's `retry_after` is dropped there).
 //! AWS shape (Bedrock, restJson1): `{"message"}` plus `x-amzn-errortype: <Exception>:<namespace>`
 //! (botocore takes the code from that header, the message from the body) and `x-amzn-requestid`.
 
@@ -380,12 +380,24 @@ impl ErrorSpec {
                 headers.insert(k, v);
             }
         }
+        if dialect == Dialect::Google {
+            // Vertex AI never says when to come back, whatever the fault asked for.
+            headers.remove("retry-after");
+            headers.remove("retry-after-ms");
+        }
         if dialect == Dialect::Aws {
             // botocore reads the code from this header (the part before ':').
-            let v = format!(
-                "{}:http://internal.amazon.com/coral/com.amazon.bedrock/",
-                self.aws_exception()
-            );
+            let name = self.aws_exception();
+            // Auth refusals come from AWS's front door, model errors from Bedrock itself.
+            let namespace = match name.as_str() {
+                "MissingAuthenticationTokenException"
+                | "IncompleteSignatureException"
+                | "InvalidSignatureException"
+                | "UnrecognizedClientException"
+                | "ExpiredTokenException" => "com.amazon.coral.service",
+                _ => "com.amazon.bedrock",
+            };
+            let v = format!("{name}:http://internal.amazon.com/coral/{namespace}/");
             if let Ok(v) = HeaderValue::try_from(v) {
                 headers.insert(HeaderName::from_static("x-amzn-errortype"), v);
             }

@@ -44,7 +44,8 @@ pub struct CallRecord {
     pub include_usage_requested: bool,
     /// Value of the configured project header.
     pub project: Option<String>,
-    /// Last 4 characters of the API key used, to tell credentials apart without storing them.
+    /// Last 4 characters of the API key used (a Bedrock request: of its SigV4 access key id; a
+    /// Vertex request: of its bearer token), to tell credentials apart without storing them.
     pub key_suffix: Option<String>,
     /// Labels of the faults applied (`rate_limited`, `latency`, ...).
     pub fault: Vec<String>,

@@ -546,7 +546,15 @@ async fn handle_route(
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         == Some(true);
-    let key = api_key(&parts.headers);
+    // A SigV4 request's "key" is its access key id (recorded as key_suffix like an API key).
+    let key = api_key(&parts.headers).or_else(|| {
+        parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::auth::parse_sigv4)
+            .map(|s| s.access_key_id)
+    });
     let cfg = &shared.config;
     let project = parts
         .headers
