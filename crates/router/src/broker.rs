@@ -354,6 +354,67 @@ pub async fn connect_store(
     }
 }
 
+/// Whether a Redis restart that loses this bucket's state matters beyond a short while: spend
+/// limits (money already spent would be forgotten) and windows or refill periods of an hour or
+/// more (a daily cap would reopen in full). Minute-scale buckets refill within their period
+/// anyway, and concurrency slots are rebuilt by the live calls' lease renewals.
+pub fn needs_persistence(b: &BucketSpec) -> bool {
+    const LONG: Duration = Duration::from_secs(3600);
+    if b.dimension == Dimension::SpendMicroUsd {
+        return true;
+    }
+    match b.rule {
+        Rule::TokenBucket { period, .. } | Rule::FixedWindow { period, .. } => period >= LONG,
+        Rule::Concurrency { .. } => false,
+    }
+}
+
+/// Checks, at start and then every `every`, whether the configured Redis persists
+/// (`CONFIG GET save` / `appendonly`) while limits that need it are configured (see
+/// [`needs_persistence`]); if not, logs a warning naming them (once per change) and sets
+/// `switchyard_quota_unpersisted_limits` to their number. Returns at once for the in-process
+/// store. A Redis that does not answer `CONFIG` (managed services often forbid it) is logged
+/// once at debug level and counted as 0: unknown is not reported as a risk.
+pub async fn watch_persistence(app: Arc<crate::server::App>, every: Duration) {
+    if app.broker.store().mode() == switchyard_store::StoreMode::InProcess {
+        return;
+    }
+    let mut last: Option<usize> = None;
+    loop {
+        let at_risk = match app.broker.store().persistence().await {
+            Some(p) if !p.persists() => {
+                let live = app.runtime.live();
+                let table = &live.table;
+                let mut keys: Vec<&str> = table
+                    .tenants
+                    .iter()
+                    .flat_map(|t| t.buckets.iter())
+                    .chain(table.routes.iter().flat_map(|r| r.buckets.iter()))
+                    .chain(table.providers.iter().flat_map(|p| p.buckets.iter()))
+                    .filter(|b| needs_persistence(b))
+                    .map(|b| b.key.as_str())
+                    .collect();
+                keys.sort_unstable();
+                keys.dedup();
+                if last != Some(keys.len()) && !keys.is_empty() {
+                    tracing::warn!(
+                        limits = keys.len(),
+                        first = %keys.iter().take(5).copied().collect::<Vec<_>>().join(", "),
+                        "quota store: Redis persists nothing (save \"\", appendonly no) while daily or longer or spend limits are configured; a Redis restart resets them (see docs/broker.md, Redis persistence)"
+                    );
+                }
+                keys.len()
+            }
+            _ => 0,
+        };
+        last = Some(at_risk);
+        app.metrics
+            .unpersisted_limits
+            .set(i64::try_from(at_risk).unwrap_or(i64::MAX));
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// One provider-reported figure: `remaining` units of `dimension` and, when reported, the time
 /// until the provider's bucket is full again or its window resets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -498,6 +559,15 @@ fn forget(room: &mut Room, tenant: &str, id: EntryId) {
         if ids.is_empty() {
             room.by_tenant.remove(tenant);
         }
+    }
+}
+
+/// The `source` of a charge: `reported` when the provider's usage report stands behind every
+/// count, `estimated` when any count is the tokenizer's or the router's estimate.
+pub fn charge_source(u: &NormalizedUsage) -> &'static str {
+    match u.source {
+        crate::wire::usage::UsageSource::Reported => "reported",
+        crate::wire::usage::UsageSource::Estimated => "estimated",
     }
 }
 

@@ -134,11 +134,23 @@ pub struct ProviderConfig {
     pub probes: Option<Arc<crate::probe::ProbePlan>>,
     /// Provider-side quota buckets: its own limits and its quota groups' (shared by key).
     pub buckets: Vec<Arc<BucketSpec>>,
+    /// `spec.timeouts.firstToken`, when set: bounds the wait for first content on this
+    /// provider (the shorter of it and the route's wins, see
+    /// [`ProviderConfig::first_token_timeout`]).
+    pub first_token: Option<Duration>,
     /// Metadata generation the config was built from.
     pub generation: Option<i64>,
 }
 
 impl ProviderConfig {
+    /// How long an attempt on this provider waits for first content: the route's first-token
+    /// timeout, shortened by the provider's own `spec.timeouts.firstToken` when that is
+    /// shorter (a slow provider may not stretch a route's promise; a fast one may tighten it).
+    pub fn first_token_timeout(&self, route: &Route) -> Duration {
+        self.first_token
+            .map_or(route.first_token_timeout, |p| p.min(route.first_token_timeout))
+    }
+
     /// The wire dialect of the adapter.
     pub fn kind(&self) -> Option<ProviderKind> {
         self.client.as_ref().ok().map(|c| c.endpoint().kind)
@@ -522,6 +534,7 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
         breaker: breaker_cfg,
         probes: crate::probe::plan(spec).map(Arc::new),
         buckets,
+        first_token: timeouts.first_token.as_deref().and_then(duration::parse),
         generation: p.metadata.generation,
     }
 }

@@ -377,6 +377,8 @@ impl Reserved {
             return;
         };
         let spend = broker::ledger_usage(u, self.pricing).spend_micro_usd;
+        let source = broker::charge_source(u);
+        tracing::debug!(target: "switchyard::ledger", %tenant, source, input_uncached = u.input_uncached, cache_read = u.cache_read, cache_write = u.cache_write, output = u.output, spend_micro_usd = spend, "charged");
         for (kind, n) in [
             ("input_uncached", u.input_uncached),
             ("cache_read", u.cache_read),
@@ -389,6 +391,7 @@ impl Reserved {
                 .get_or_create(&crate::metrics::TenantCharge {
                     tenant: tenant.clone(),
                     kind: kind.to_owned(),
+                    source: source.to_owned(),
                 })
                 .inc_by(n);
         }
@@ -1429,7 +1432,7 @@ async fn attempt(
     // non-streamed answer by the attempt's share of the deadline.
     let attempt_remaining = deadlines.attempt.min(deadline).saturating_since(now);
     let header_budget = if streaming {
-        route.first_token_timeout.min(remaining)
+        provider.first_token_timeout(route).min(remaining)
     } else {
         attempt_remaining
     };

@@ -210,6 +210,9 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
     app.metrics
         .reservations_in_flight
         .set(i64::try_from(store.in_flight()).unwrap_or(i64::MAX));
+    app.metrics
+        .replay_pending
+        .set(i64::try_from(store.replay_pending()).unwrap_or(i64::MAX));
     let mode = store.mode();
     for m in [
         switchyard_store::StoreMode::InProcess,
