@@ -1495,7 +1495,7 @@ async fn attempt(
         )
         .await
     } else {
-        let body = tokio::time::timeout_at(attempt_end, response.collect(MAX_UPSTREAM_BODY)).await;
+        let (guard, body) = collect_detached(app, guard, req.op, kind, response, attempt_end).await;
         let body = match body {
             Err(_) => return fail(guard, timed_out(attempt_remaining)),
             Ok(Err(e)) => return fail(guard, transport_class(&e)),
@@ -1520,6 +1520,51 @@ async fn attempt(
                 },
             ),
         }
+    }
+}
+
+/// A whole body read, or why not (its own deadline, or the transport).
+type Collected = Result<Result<Bytes, TransportError>, tokio::time::error::Elapsed>;
+
+/// Reads a whole non-streamed body on its own task, bounded by `until` and
+/// [`MAX_UPSTREAM_BODY`]. If the client leaves meanwhile (this future is dropped), the task
+/// keeps reading to the end and settles the attempt's reservation itself, with the usage the
+/// provider reports in the body (it billed the whole answer), or the input estimate when the
+/// body never completes (issue 14, "charges on cut requests").
+async fn collect_detached(
+    app: &Arc<App>,
+    mut guard: AttemptGuard,
+    op: ClientOp,
+    kind: ProviderKind,
+    response: UpstreamResponse,
+    until: tokio::time::Instant,
+) -> (AttemptGuard, Collected) {
+    let quota = guard.quota.take();
+    let (tx, rx) = tokio::sync::oneshot::channel::<(Collected, Option<Reserved>)>();
+    let bg = app.clone();
+    tokio::spawn(async move {
+        let body = tokio::time::timeout_at(until, response.collect(MAX_UPSTREAM_BODY)).await;
+        if let Err((body, Some(q))) = tx.send((body, quota)) {
+            let reported = match &body {
+                Ok(Ok(b)) => translate_response(&bg, op, kind, b).ok().and_then(|(_, u)| u),
+                _ => None,
+            };
+            let used = reported
+                .unwrap_or_else(|| NormalizedUsage::estimated(q.estimated_input.max(1), 0));
+            q.settle_abandoned(&bg, &used);
+        }
+    });
+    match rx.await {
+        Ok((body, quota)) => {
+            guard.quota = quota;
+            (guard, body)
+        }
+        // The reader task ended without answering (it panicked): its reservation was dropped,
+        // which releases it with the estimate kept.
+        Err(_) => (
+            guard,
+            Ok(Err(TransportError::Other("response reader failed".to_owned()))),
+        ),
     }
 }
 
@@ -1639,7 +1684,7 @@ fn provider_dialect(kind: ProviderKind) -> Dialect {
 /// Reads a stream up to its first content (holding the preamble), then commits it.
 async fn stream_attempt(
     app: &Arc<App>,
-    guard: AttemptGuard,
+    mut guard: AttemptGuard,
     kind: ProviderKind,
     req: &ClientRequest,
     response: UpstreamResponse,
@@ -1678,6 +1723,9 @@ async fn stream_attempt(
         for (i, item) in items.iter().enumerate() {
             match stream_classify::classify(upstream_dialect, item) {
                 stream_classify::StreamClass::Error(payload) => {
+                    // Usage the provider reported before failing (e.g. in a stream's start
+                    // event) was billed: it is charged as this attempt's own line (issue 14).
+                    guard.partial = translator.usage().reported();
                     return fail(guard, classify_stream_error_at(&payload, app.clock.wall()));
                 }
                 stream_classify::StreamClass::Malformed
