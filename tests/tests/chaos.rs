@@ -556,3 +556,51 @@ async fn provider_first_token_timeout_is_honoured() {
         "p-a given up at its own 300 ms, not the route's 20 s nor the 3 s delay: {took:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idempotency_key_is_sent_upstream_once_across_two_replicas_on_one_redis() {
+    let _g = serial().await;
+    let redis = RedisServer::start().expect("redis-server");
+    let stack = Stack::start(
+        Setup::new()
+            .provider(Provider::openai("p-a").mock(|m| m.latency_ms = 500))
+            .policy(Policy::chat("e2e-chat", &["p-a"]))
+            .env("SWITCHYARD_REDIS_URL", &redis.url())
+            .env("SWITCHYARD_REPLICAS", "2"),
+    )
+    .await;
+    let r2 = stack.spawn_replica(&[]).await;
+    let bases = [stack.router.base_url.clone(), r2.base_url.clone()];
+    let with_key = |base: &str, key: &str, text: &str| {
+        stack
+            .http
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .header("Idempotency-Key", key)
+            .json(&chat_body("e2e-chat", text, false))
+    };
+    // The retry lands on the other replica while the first is in flight: it waits and gets
+    // the same answer; one upstream call.
+    let first = send(with_key(&bases[0], "order-17", "charge my card once"));
+    let retry = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        send(with_key(&bases[1], "order-17", "charge my card once")).await
+    };
+    let (a, b) = tokio::join!(first, retry);
+    assert_eq!((a.status, b.status), (200, 200), "{} / {}", a.body, b.body);
+    assert_eq!(a.json()["id"], b.json()["id"]);
+    assert_eq!(b.headers["x-switchyard-idempotent-replay"], "true");
+    assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 1);
+    // Later, on either replica: replayed.
+    for base in &bases {
+        let c = send(with_key(base, "order-17", "charge my card once")).await;
+        assert_eq!(c.status, 200);
+        assert_eq!(c.json()["id"], a.json()["id"]);
+        assert_eq!(c.headers["x-switchyard-idempotent-replay"], "true");
+    }
+    // The same key on another request is refused on the other replica too.
+    let reused = send(with_key(&bases[1], "order-17", "something else")).await;
+    assert_eq!(reused.status, 422, "{}", reused.body);
+    assert_eq!(reused.json()["error"]["code"], "idempotency_key_reused");
+    assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 1);
+}

@@ -67,13 +67,18 @@ impl App {
         max_body_bytes: usize,
         store: switchyard_store::QuotaStore,
     ) -> Arc<App> {
+        let idempotency = Arc::new(crate::idempotency::Idempotency::new(
+            DEFAULT_IDEMPOTENCY_TTL,
+        ));
+        if store.mode() != switchyard_store::StoreMode::InProcess {
+            // Keys, in-flight markers and answers shared by every replica (issue 14).
+            idempotency.share_through(store.clone());
+        }
         Arc::new(App {
             broker: crate::broker::Broker::new(store),
             calibrations: crate::estimate::RouteCalibrations::new(),
             warmed: std::sync::atomic::AtomicBool::new(false),
-            idempotency: Arc::new(crate::idempotency::Idempotency::new(
-                DEFAULT_IDEMPOTENCY_TTL,
-            )),
+            idempotency,
             runtime,
             metrics: Metrics::new(),
             clock: Clock::new(),

@@ -208,6 +208,28 @@ impl Persistence {
     }
 }
 
+/// What the shared store knows about an `Idempotency-Key` ([`QuotaStore::idempotency_claim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedClaim {
+    /// The key was free and is now taken by the caller: run the request.
+    Run,
+    /// The key is held for another request (another fingerprint).
+    Reused,
+    /// A request with this key is running on some replica.
+    InFlight,
+    /// A request with this key was a stream: not to be sent again.
+    Streamed,
+    /// The stored answer: HTTP status, headers as the caller encoded them, body.
+    Done {
+        /// HTTP status code.
+        status: u16,
+        /// The caller's encoding of the headers (opaque here).
+        headers: Vec<u8>,
+        /// The body.
+        body: Vec<u8>,
+    },
+}
+
 /// A quota store shared by a router's request handlers: cheap to clone (an `Arc` inside),
 /// `Send + Sync`.
 #[derive(Debug, Clone)]
@@ -932,6 +954,101 @@ impl QuotaStore {
     /// ticket counts until its spawned release has finished).
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Claims an `Idempotency-Key` (already scoped by the caller, e.g. tenant and key) in the
+    /// shared store for `owner` (a replica-unique id), so a retry that lands on another replica
+    /// finds it. An in-flight marker lives at most `in_flight`, so a replica that died while
+    /// running the request does not hold the key longer.
+    ///
+    /// `None` for the in-process store, in fallback, or when Redis fails (the caller keeps to
+    /// its own replica's table: Redis trouble never blocks a request).
+    pub async fn idempotency_claim(
+        &self,
+        key: &str,
+        fingerprint: u64,
+        owner: &str,
+        in_flight: Duration,
+    ) -> Option<SharedClaim> {
+        let fp = format!("{fingerprint:x}");
+        let ttl = in_flight.as_millis().max(1).to_string();
+        let reply = self
+            .idempotency(key, &[b"claim", fp.as_bytes(), owner.as_bytes(), ttl.as_bytes()])
+            .await?;
+        let mut it = reply.into_iter();
+        let tag = it.next()?;
+        Some(match tag.as_slice() {
+            b"run" => SharedClaim::Run,
+            b"reused" => SharedClaim::Reused,
+            b"F" => SharedClaim::InFlight,
+            b"S" => SharedClaim::Streamed,
+            b"done" => {
+                let status = std::str::from_utf8(&it.next()?).ok()?.parse().ok()?;
+                SharedClaim::Done {
+                    status,
+                    headers: it.next()?,
+                    body: it.next()?,
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    /// Stores the answer of a claimed key for `ttl` (only the owner's write is kept).
+    /// Returns whether it was stored.
+    pub async fn idempotency_done(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+        status: u16,
+        headers: &[u8],
+        body: &[u8],
+    ) -> bool {
+        let ttl = ttl.as_millis().max(1).to_string();
+        let status = status.to_string();
+        let args: [&[u8]; 6] = [
+            b"done",
+            owner.as_bytes(),
+            ttl.as_bytes(),
+            status.as_bytes(),
+            headers,
+            body,
+        ];
+        self.idempotency(key, &args)
+            .await
+            .is_some_and(|r| r.first().is_some_and(|t| t == b"ok"))
+    }
+
+    /// Marks a claimed key as a stream for `ttl`: later claims answer [`SharedClaim::Streamed`].
+    pub async fn idempotency_streamed(&self, key: &str, owner: &str, ttl: Duration) {
+        let ttl = ttl.as_millis().max(1).to_string();
+        let _ = self
+            .idempotency(key, &[b"streamed", owner.as_bytes(), ttl.as_bytes()])
+            .await;
+    }
+
+    /// Frees a claimed key whose request failed or was abandoned (only its owner may).
+    pub async fn idempotency_forget(&self, key: &str, owner: &str) {
+        let _ = self
+            .idempotency(key, &[b"forget", owner.as_bytes()])
+            .await;
+    }
+
+    async fn idempotency(&self, key: &str, args: &[&[u8]]) -> Option<Vec<Vec<u8>>> {
+        let Backend::Redis(r) = &self.shared.backend else {
+            return None;
+        };
+        if *self.shared.mode.borrow() != StoreMode::Redis {
+            return None;
+        }
+        match r.remote.idempotency(key, args).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::debug!(error = %e, "idempotency: shared store unavailable, this replica's table only");
+                None
+            }
+        }
     }
 
     /// Settlements and cancels waiting for Redis to answer again (0 for the in-process store).

@@ -63,6 +63,7 @@ pub(crate) struct Remote {
     figures: Script,
     signal: Script,
     renew: Script,
+    idempotency: Script,
     op_timeout: Duration,
     instance: u64,
     seq: AtomicU64,
@@ -89,6 +90,8 @@ impl Remote {
             figures: script(include_str!("lua/figures.lua")),
             signal: script(include_str!("lua/signal.lua")),
             renew: script(include_str!("lua/renew.lua")),
+            // Plain script: it needs none of the bucket arithmetic.
+            idempotency: Script::new(include_str!("lua/idempotency.lua")),
             op_timeout,
             instance: rand::random(),
             seq: AtomicU64::new(0),
@@ -237,6 +240,21 @@ impl Remote {
             inv.key(self.record_key(id));
             inv.key(self.bucket_key(spec));
             inv.arg(*id);
+        }
+        self.run(&inv).await
+    }
+
+    /// Runs the idempotency script on key `{p}:i:<key>` with `args` (see
+    /// `lua/idempotency.lua`); answers its reply as byte strings.
+    pub(crate) async fn idempotency(
+        &self,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut inv = self.idempotency.prepare_invoke();
+        inv.key(format!("{}:i:{key}", self.tag));
+        for a in args {
+            inv.arg(*a);
         }
         self.run(&inv).await
     }
