@@ -604,3 +604,38 @@ async fn idempotency_key_is_sent_upstream_once_across_two_replicas_on_one_redis(
     assert_eq!(reused.json()["error"]["code"], "idempotency_key_reused");
     assert_eq!(stack.calls_on("p-a", "/v1/chat/completions"), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_cap_forwarded_is_the_one_reserved_and_clamped_to_the_context_window() {
+    let _g = serial().await;
+    let stack = Stack::start(
+        Setup::new()
+            .provider(
+                Provider::openai("p-a")
+                    .context_window(600)
+                    .mock(|m| m.output_tokens = 1000),
+            )
+            .policy(Policy::chat("e2e-chat", &["p-a"]))
+            .tenant("limits: [{name: otok-day, dimension: outputTokens, amount: 2000, rule: fixedWindow, period: 24h}]"),
+    )
+    .await;
+    let ask = |body: serde_json::Value| stack.post("/v1/chat/completions").json(&body);
+    // Two cap fields: 10 is reserved (max_completion_tokens), and only it is forwarded — this
+    // mock, like older compatible servers, obeys max_tokens first.
+    let r = send(ask(serde_json::json!({"model": "e2e-chat",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 40, "max_completion_tokens": 10})))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let usage = stack.mock("p-a").calls()[0].usage.unwrap();
+    assert_eq!(usage.output_tokens, 10, "the provider obeyed the reserved cap");
+    // A "no limit" cap far above the bucket: clamped to the window minus the input, it fits.
+    let r = send(ask(serde_json::json!({"model": "e2e-chat",
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 100000})))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let out = stack.mock("p-a").calls()[1].usage.unwrap().output_tokens;
+    assert!((500..600).contains(&out), "clamped to about 600 minus the prompt: {out}");
+    let c = tenant_charged(&stack).await;
+    assert_eq!(c.output, (10 + out) as f64, "{c:?}");
+}

@@ -571,6 +571,63 @@ pub fn charge_source(u: &NormalizedUsage) -> &'static str {
     }
 }
 
+/// The output cap of one attempt: what is reserved and what is forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputBudget {
+    /// Cap per choice to send upstream, as the one cap field the provider reads; `None`
+    /// leaves the request without a cap (the client set none and nothing needed clamping).
+    pub forward: Option<u64>,
+    /// Output tokens to reserve: the per-choice cap (or the route's default) × choices.
+    pub reserve: u64,
+}
+
+/// The output cap an attempt reserves and forwards (issue 14, item 6). The client's cap is the
+/// OpenAI `max_completion_tokens`, else `max_tokens` (when both are sent, only the first is
+/// forwarded, so the provider obeys the cap that was reserved), or Anthropic's `max_tokens`;
+/// without one, the route's `defaultMaxTokens` is reserved. With the model's `contextWindow`
+/// known, the cap is clamped to the window minus the input estimate (at least 1), and the
+/// clamped cap is forwarded: a "no limit" cap neither over-reserves nor is refused when the
+/// clamped value fits, and the provider never produces more than was reserved. Embeddings and
+/// rerank reserve no output.
+pub fn output_budget(
+    req: &crate::dispatch::ClientRequest,
+    default: u64,
+    context_window: Option<u64>,
+) -> OutputBudget {
+    use crate::dispatch::ClientBody;
+    let (cap, choices) = match &req.body {
+        ClientBody::Chat(c) => (c.output_cap(), u64::from(c.n.unwrap_or(1).max(1))),
+        ClientBody::Messages(m) => (Some(m.max_tokens), 1),
+        ClientBody::Json(_) => {
+            return OutputBudget {
+                forward: None,
+                reserve: req.output_allowance,
+            };
+        }
+    };
+    let base = cap.unwrap_or(default);
+    let room = context_window.map(|w| w.saturating_sub(req.estimated_input_tokens).max(1));
+    let per_choice = room.map_or(base, |r| base.min(r));
+    let clamped = per_choice < base;
+    OutputBudget {
+        forward: (cap.is_some() || clamped).then_some(per_choice),
+        reserve: per_choice.saturating_mul(choices),
+    }
+}
+
+/// Puts `cap` into an OpenAI chat request as its only cap field: `max_completion_tokens`,
+/// or `max_tokens` when that is the one the client used alone (older compatible servers read
+/// only that one).
+pub fn set_openai_cap(chat: &mut crate::wire::openai::ChatRequest, cap: Option<u64>) {
+    let Some(cap) = cap else { return };
+    if chat.max_tokens.is_some() && chat.max_completion_tokens.is_none() {
+        chat.max_tokens = Some(cap);
+    } else {
+        chat.max_completion_tokens = Some(cap);
+        chat.max_tokens = None;
+    }
+}
+
 /// Normalised usage as ledger usage, with its cost.
 pub fn ledger_usage(u: &NormalizedUsage, pricing: Pricing) -> Usage {
     Usage {

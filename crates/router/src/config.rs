@@ -104,6 +104,9 @@ pub struct ModelConfig {
     pub modalities: Vec<Modality>,
     /// List prices, when declared.
     pub pricing: Option<Pricing>,
+    /// `contextWindow`: input plus output tokens the model takes, when declared. Output caps
+    /// are clamped to what it leaves after the input estimate ([`crate::broker::output_budget`]).
+    pub context_window: Option<u64>,
 }
 
 /// One provider, ready to call.
@@ -519,6 +522,7 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
                         upstream: m.upstream_name.clone().unwrap_or_else(|| m.name.clone()),
                         modalities: m.modalities.clone(),
                         pricing: m.pricing.as_ref().map(pricing),
+                        context_window: m.context_window.map(u64::from),
                     },
                 )
             })

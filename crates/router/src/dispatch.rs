@@ -947,11 +947,9 @@ async fn run(
                     unpriced = true;
                     continue 'providers;
                 }
-                let demand = broker::demand(
-                    req.estimated_input_tokens,
-                    req.output_allowance,
-                    Some(pricing),
-                );
+                let window = provider.models.get(&route.model).and_then(|m| m.context_window);
+                let output = broker::output_budget(req, u64::from(route.default_max_tokens), window);
+                let demand = broker::demand(req.estimated_input_tokens, output.reserve, Some(pricing));
                 match app.broker.reserve(&buckets, demand, route.deadline).await {
                     Ok(ticket) => {
                         // The caller's own tightest bucket after this debit, for the success
@@ -1320,6 +1318,7 @@ fn upstream_body(
     kind: ProviderKind,
     model: &str,
     route: &Route,
+    cap: Option<u64>,
 ) -> Result<Bytes, ApiError> {
     let bad = |e: translate::TranslateError| {
         ApiError::new(
@@ -1337,6 +1336,7 @@ fn upstream_body(
         (ClientBody::Chat(chat), ProviderKind::OpenAi) => {
             let mut chat = (**chat).clone();
             chat.model = model.to_owned();
+            broker::set_openai_cap(&mut chat, cap);
             chat.force_include_usage();
             json(serde_json::to_vec(&chat))
         }
@@ -1344,7 +1344,9 @@ fn upstream_body(
             let opts = RequestOptions {
                 default_max_tokens: u64::from(route.default_max_tokens),
             };
-            let mut translated = translate::openai_to_anthropic_request((**chat).clone(), opts)
+            let mut chat = (**chat).clone();
+            broker::set_openai_cap(&mut chat, cap);
+            let mut translated = translate::openai_to_anthropic_request(chat, opts)
                 .map_err(bad)?
                 .value;
             translated.model = model.to_owned();
@@ -1353,6 +1355,7 @@ fn upstream_body(
         (ClientBody::Messages(m), ProviderKind::Anthropic) => {
             let mut m = (**m).clone();
             m.model = model.to_owned();
+            m.max_tokens = cap.unwrap_or(m.max_tokens);
             json(serde_json::to_vec(&m))
         }
         (ClientBody::Messages(m), ProviderKind::OpenAi) => {
@@ -1360,6 +1363,7 @@ fn upstream_body(
                 .map_err(bad)?
                 .value;
             translated.model = model.to_owned();
+            broker::set_openai_cap(&mut translated, cap);
             translated.force_include_usage();
             json(serde_json::to_vec(&translated))
         }
@@ -1410,7 +1414,9 @@ async fn attempt(
             status: None,
         });
     };
-    let body = match upstream_body(req, kind, model, route) {
+    let window = provider.models.get(&route.model).and_then(|m| m.context_window);
+    let cap = broker::output_budget(req, u64::from(route.default_max_tokens), window).forward;
+    let body = match upstream_body(req, kind, model, route, cap) {
         Ok(b) => b,
         Err(e) => {
             unsent(quota);

@@ -99,6 +99,8 @@ pub(crate) struct Provider {
     pub(crate) extra: Vec<String>,
     /// List prices of every model, USD per million input and output tokens.
     pub(crate) pricing: Option<(String, String)>,
+    /// `contextWindow` of every model.
+    pub(crate) context_window: Option<u32>,
 }
 
 impl Provider {
@@ -124,12 +126,19 @@ impl Provider {
             models: vec![("e2e-chat".to_owned(), "text".to_owned())],
             extra: Vec::new(),
             pricing: None,
+            context_window: None,
         }
     }
 
     /// Sets every model's list prices (USD per million input / output tokens).
     pub(crate) fn pricing(mut self, input: &str, output: &str) -> Self {
         self.pricing = Some((input.to_owned(), output.to_owned()));
+        self
+    }
+
+    /// Sets every model's `contextWindow` (tokens).
+    pub(crate) fn context_window(mut self, tokens: u32) -> Self {
+        self.context_window = Some(tokens);
         self
     }
 
@@ -297,7 +306,13 @@ pub(crate) fn manifests(setup: &Setup, addrs: &BTreeMap<String, SocketAddr>) -> 
             let price = p.pricing.as_ref().map_or(String::new(), |(i, o)| {
                 format!(", pricing: {{inputPerMillion: \"{i}\", outputPerMillion: \"{o}\"}}")
             });
-            let _ = writeln!(out, "    - {{name: {m}, modalities: [{modality}]{price}}}");
+            let window = p
+                .context_window
+                .map_or(String::new(), |w| format!(", contextWindow: {w}"));
+            let _ = writeln!(
+                out,
+                "    - {{name: {m}, modalities: [{modality}]{price}{window}}}"
+            );
         }
         for l in &p.extra {
             let _ = writeln!(out, "  {l}");
