@@ -211,7 +211,9 @@ async fn traffic(
                         Ok(resp) => {
                             let status = resp.status().as_u16();
                             match resp.bytes().await {
-                                Ok(_) => format!("{} {status}", if steady { "steady" } else { "flaky" }),
+                                Ok(_) => {
+                                    format!("{} {status}", if steady { "steady" } else { "flaky" })
+                                }
                                 Err(_) => "transport_error".to_owned(),
                             }
                         }
@@ -316,8 +318,7 @@ async fn all_back_on_redis(http: &reqwest::Client, bases: &[String], within: Dur
     'outer: loop {
         for b in bases {
             let text = metrics_of(http, b).await;
-            let on_redis =
-                metric(&text, "switchyard_quota_store_mode", &["mode=\"redis\""]) == 1.0;
+            let on_redis = metric(&text, "switchyard_quota_store_mode", &["mode=\"redis\""]) == 1.0;
             let pending = metric(&text, "switchyard_quota_replay_pending", &[]);
             if !on_redis || pending > 0.0 {
                 assert!(
@@ -350,18 +351,37 @@ async fn chaos_aborts_kill_freeze_restart_leave_no_slot_and_exact_ledgers() {
     // 1. Client aborts around the reservation, on all three replicas, Redis healthy.
     let outcomes = during(&stack, &all, 1, tokio::time::sleep(Duration::from_secs(6))).await;
     no_server_errors(&outcomes, "aborts");
-    assert!(outcomes.get("aborted_early").copied().unwrap_or(0) > 50, "{outcomes:?}");
-    assert!(outcomes.get("steady 200").copied().unwrap_or(0) > 50, "{outcomes:?}");
+    assert!(
+        outcomes.get("aborted_early").copied().unwrap_or(0) > 50,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.get("steady 200").copied().unwrap_or(0) > 50,
+        "{outcomes:?}"
+    );
     let took = slots_free_within(&redis, Duration::from_secs(5), "aborts").await;
     eprintln!("aborts: {outcomes:?}; slots free {took:?} after the last abort");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let steady = charged(&http, &all, STEADY).await;
     let (rin, rout) = reported(&stack, "p-steady");
-    assert_eq!((steady.input, steady.output), (rin, rout), "steady charged = reported");
-    assert_eq!((steady.estimated_input, steady.estimated_output), (0.0, 0.0));
+    assert_eq!(
+        (steady.input, steady.output),
+        (rin, rout),
+        "steady charged = reported"
+    );
+    assert_eq!(
+        (steady.estimated_input, steady.estimated_output),
+        (0.0, 0.0)
+    );
     // Redis's ledger is the routers' ledger: every reservation settled once, none leaked.
-    assert_eq!(window_used(&redis, "e2e-tenant/itok-day").await, steady.input);
-    assert_eq!(window_used(&redis, "e2e-tenant/otok-day").await, steady.output);
+    assert_eq!(
+        window_used(&redis, "e2e-tenant/itok-day").await,
+        steady.input
+    );
+    assert_eq!(
+        window_used(&redis, "e2e-tenant/otok-day").await,
+        steady.output
+    );
     let flaky = charged(&http, &all, FLAKY).await;
     assert_eq!(
         window_used(&redis, "flaky/itok-day").await,
@@ -371,8 +391,14 @@ async fn chaos_aborts_kill_freeze_restart_leave_no_slot_and_exact_ledgers() {
     assert_eq!(window_used(&redis, "flaky/otok-day").await, flaky.output);
     // Lines not marked estimated are the provider's own counts: never more than it reported.
     let (fin, fout) = reported(&stack, "p-flaky");
-    assert!(flaky.input - flaky.estimated_input <= fin, "{flaky:?} vs {fin}");
-    assert!(flaky.output - flaky.estimated_output <= fout, "{flaky:?} vs {fout}");
+    assert!(
+        flaky.input - flaky.estimated_input <= fin,
+        "{flaky:?} vs {fin}"
+    );
+    assert!(
+        flaky.output - flaky.estimated_output <= fout,
+        "{flaky:?} vs {fout}"
+    );
 
     // 2. kill -9 of a replica holding slots: six slow streams through r3.
     let mut held = Vec::new();
@@ -390,7 +416,10 @@ async fn chaos_aborts_kill_freeze_restart_leave_no_slot_and_exact_ledgers() {
     }
     let t0 = Instant::now();
     while live_slots(&redis).await < 6 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "slow calls never took their slots");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "slow calls never took their slots"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(r3); // SIGKILL: no settle, no renewal
@@ -460,7 +489,12 @@ async fn chaos_aborts_kill_freeze_restart_leave_no_slot_and_exact_ledgers() {
 const LIMITS: &str = "limits: [{name: itok-day, dimension: inputTokens, amount: 1000000000, rule: fixedWindow, period: 24h}]";
 
 async fn tenant_charged(stack: &Stack) -> Charged {
-    charged(&stack.http, &[stack.router.base_url.clone()], STEADY).await
+    charged(
+        &stack.http,
+        std::slice::from_ref(&stack.router.base_url),
+        STEADY,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,7 +524,11 @@ async fn non_streamed_answer_whose_client_left_is_charged_the_reported_usage() {
     let c = tenant_charged(&stack).await;
     assert_eq!(c.output, usage.output_tokens as f64, "{c:?}");
     assert_eq!(c.input, usage.prompt_tokens as f64, "{c:?}");
-    assert_eq!((c.estimated_input, c.estimated_output), (0.0, 0.0), "marked reported");
+    assert_eq!(
+        (c.estimated_input, c.estimated_output),
+        (0.0, 0.0),
+        "marked reported"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -510,7 +548,11 @@ async fn tokens_billed_by_a_failed_attempt_are_charged_as_their_own_line() {
     )
     .await;
     let s = stack
-        .stream("/v1/chat/completions", Some("proj"), chat_body("e2e-chat", "hello there", true))
+        .stream(
+            "/v1/chat/completions",
+            Some("proj"),
+            chat_body("e2e-chat", "hello there", true),
+        )
         .await;
     assert_eq!(s.status, 200, "{}", s.describe());
     assert_eq!(s.provider().as_deref(), Some("p-b"));
@@ -546,7 +588,11 @@ async fn provider_first_token_timeout_is_honoured() {
     .await;
     let t0 = Instant::now();
     let s = stack
-        .stream("/v1/chat/completions", Some("proj"), chat_body("e2e-chat", "hi", true))
+        .stream(
+            "/v1/chat/completions",
+            Some("proj"),
+            chat_body("e2e-chat", "hi", true),
+        )
         .await;
     let took = t0.elapsed();
     assert_eq!(s.status, 200, "{}", s.describe());
@@ -628,14 +674,20 @@ async fn output_cap_forwarded_is_the_one_reserved_and_clamped_to_the_context_win
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let usage = stack.mock("p-a").calls()[0].usage.unwrap();
-    assert_eq!(usage.output_tokens, 10, "the provider obeyed the reserved cap");
+    assert_eq!(
+        usage.output_tokens, 10,
+        "the provider obeyed the reserved cap"
+    );
     // A "no limit" cap far above the bucket: clamped to the window minus the input, it fits.
     let r = send(ask(serde_json::json!({"model": "e2e-chat",
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 100000})))
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let out = stack.mock("p-a").calls()[1].usage.unwrap().output_tokens;
-    assert!((500..600).contains(&out), "clamped to about 600 minus the prompt: {out}");
+    assert!(
+        (500..600).contains(&out),
+        "clamped to about 600 minus the prompt: {out}"
+    );
     let c = tenant_charged(&stack).await;
     assert_eq!(c.output, (10 + out) as f64, "{c:?}");
 }

@@ -150,8 +150,9 @@ impl ProviderConfig {
     /// timeout, shortened by the provider's own `spec.timeouts.firstToken` when that is
     /// shorter (a slow provider may not stretch a route's promise; a fast one may tighten it).
     pub fn first_token_timeout(&self, route: &Route) -> Duration {
-        self.first_token
-            .map_or(route.first_token_timeout, |p| p.min(route.first_token_timeout))
+        self.first_token.map_or(route.first_token_timeout, |p| {
+            p.min(route.first_token_timeout)
+        })
     }
 
     /// The wire dialect of the adapter.

@@ -947,9 +947,14 @@ async fn run(
                     unpriced = true;
                     continue 'providers;
                 }
-                let window = provider.models.get(&route.model).and_then(|m| m.context_window);
-                let output = broker::output_budget(req, u64::from(route.default_max_tokens), window);
-                let demand = broker::demand(req.estimated_input_tokens, output.reserve, Some(pricing));
+                let window = provider
+                    .models
+                    .get(&route.model)
+                    .and_then(|m| m.context_window);
+                let output =
+                    broker::output_budget(req, u64::from(route.default_max_tokens), window);
+                let demand =
+                    broker::demand(req.estimated_input_tokens, output.reserve, Some(pricing));
                 match app.broker.reserve(&buckets, demand, route.deadline).await {
                     Ok(ticket) => {
                         // The caller's own tightest bucket after this debit, for the success
@@ -1414,7 +1419,10 @@ async fn attempt(
             status: None,
         });
     };
-    let window = provider.models.get(&route.model).and_then(|m| m.context_window);
+    let window = provider
+        .models
+        .get(&route.model)
+        .and_then(|m| m.context_window);
     let cap = broker::output_budget(req, u64::from(route.default_max_tokens), window).forward;
     let body = match upstream_body(req, kind, model, route, cap) {
         Ok(b) => b,
@@ -1552,11 +1560,13 @@ async fn collect_detached(
         let body = tokio::time::timeout_at(until, response.collect(MAX_UPSTREAM_BODY)).await;
         if let Err((body, Some(q))) = tx.send((body, quota)) {
             let reported = match &body {
-                Ok(Ok(b)) => translate_response(&bg, op, kind, b).ok().and_then(|(_, u)| u),
+                Ok(Ok(b)) => translate_response(&bg, op, kind, b)
+                    .ok()
+                    .and_then(|(_, u)| u),
                 _ => None,
             };
-            let used = reported
-                .unwrap_or_else(|| NormalizedUsage::estimated(q.estimated_input.max(1), 0));
+            let used =
+                reported.unwrap_or_else(|| NormalizedUsage::estimated(q.estimated_input.max(1), 0));
             q.settle_abandoned(&bg, &used);
         }
     });
@@ -1569,7 +1579,9 @@ async fn collect_detached(
         // which releases it with the estimate kept.
         Err(_) => (
             guard,
-            Ok(Err(TransportError::Other("response reader failed".to_owned()))),
+            Ok(Err(TransportError::Other(
+                "response reader failed".to_owned(),
+            ))),
         ),
     }
 }

@@ -531,7 +531,10 @@ async fn drain_replays(shared: &Shared, r: &RedisBackend) -> bool {
     loop {
         let Some(next) = lock(&shared.replay).pop_front() else {
             if sent > 0 {
-                tracing::info!(sent, "quota store: settlements made during the outage replayed");
+                tracing::info!(
+                    sent,
+                    "quota store: settlements made during the outage replayed"
+                );
             }
             return true;
         };
@@ -732,7 +735,9 @@ impl QuotaStore {
                     (Issued::Redis(id), tightest) => {
                         let slots: SmallVec<[Arc<BucketSpec>; 2]> = specs
                             .iter()
-                            .filter(|s| matches!(s.rule, switchyard_core::quota::Rule::Concurrency { .. }))
+                            .filter(|s| {
+                                matches!(s.rule, switchyard_core::quota::Rule::Concurrency { .. })
+                            })
                             .cloned()
                             .collect();
                         if !slots.is_empty() {
@@ -973,7 +978,10 @@ impl QuotaStore {
         let fp = format!("{fingerprint:x}");
         let ttl = in_flight.as_millis().max(1).to_string();
         let reply = self
-            .idempotency(key, &[b"claim", fp.as_bytes(), owner.as_bytes(), ttl.as_bytes()])
+            .idempotency(
+                key,
+                &[b"claim", fp.as_bytes(), owner.as_bytes(), ttl.as_bytes()],
+            )
             .await?;
         let mut it = reply.into_iter();
         let tag = it.next()?;
@@ -1030,9 +1038,7 @@ impl QuotaStore {
 
     /// Frees a claimed key whose request failed or was abandoned (only its owner may).
     pub async fn idempotency_forget(&self, key: &str, owner: &str) {
-        let _ = self
-            .idempotency(key, &[b"forget", owner.as_bytes()])
-            .await;
+        let _ = self.idempotency(key, &[b"forget", owner.as_bytes()]).await;
     }
 
     async fn idempotency(&self, key: &str, args: &[&[u8]]) -> Option<Vec<Vec<u8>>> {

@@ -481,10 +481,22 @@ mod tests {
         assert_eq!((limit, remaining), (1, 1), "the slot was never taken");
         // Another id is admitted as usual, and its slot is leased.
         let other = remote.next_id();
-        let admitted = remote.reserve(&other, &ask, ttl, lease, wall).await.unwrap();
+        let admitted = remote
+            .reserve(&other, &ask, ttl, lease, wall)
+            .await
+            .unwrap();
         assert!(matches!(admitted, Reply::Admitted(_)), "{admitted:?}");
-        assert_eq!(remote.renew(&[(other.as_str(), &slots)], lease).await.unwrap(), 1);
-        assert_eq!(remote.renew(&[(id.as_str(), &slots)], lease).await.unwrap(), 0);
+        assert_eq!(
+            remote
+                .renew(&[(other.as_str(), &slots)], lease)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            remote.renew(&[(id.as_str(), &slots)], lease).await.unwrap(),
+            0
+        );
     }
 
     #[test]

@@ -32,8 +32,18 @@ async fn reservation_whose_caller_left_mid_call_is_cancelled_by_id() {
     let p = prefix("dropped");
     let store = redis_store(&server, &p).await;
     let observer = redis_store(&server, &p).await;
-    let reqs = spec("t1/req/day", tenant("t1"), Dimension::Requests, daily(1_000));
-    let itok = spec("t1/itok/day", tenant("t1"), Dimension::InputTokens, daily(1_000_000));
+    let reqs = spec(
+        "t1/req/day",
+        tenant("t1"),
+        Dimension::Requests,
+        daily(1_000),
+    );
+    let itok = spec(
+        "t1/itok/day",
+        tenant("t1"),
+        Dimension::InputTokens,
+        daily(1_000_000),
+    );
     let slots = conc("t1/conc", 8);
     let all = [reqs.clone(), itok.clone(), slots.clone()];
     // 40 callers give up while their reservation is in Redis: the server is frozen, so each
@@ -59,8 +69,16 @@ async fn reservation_whose_caller_left_mid_call_is_cancelled_by_id() {
         remaining(&observer, &slots).await == 8
     })
     .await;
-    assert_eq!(remaining(&observer, &reqs).await, 1_000, "requests credited back");
-    assert_eq!(remaining(&observer, &itok).await, 1_000_000, "estimates credited back");
+    assert_eq!(
+        remaining(&observer, &reqs).await,
+        1_000,
+        "requests credited back"
+    );
+    assert_eq!(
+        remaining(&observer, &itok).await,
+        1_000_000,
+        "estimates credited back"
+    );
     assert_eq!(store.in_flight(), 0);
     assert_eq!(store.leased(), 0);
     assert_eq!(store.mode(), StoreMode::Redis);
@@ -74,7 +92,12 @@ async fn settlements_during_a_freeze_are_replayed_when_redis_answers() {
     o.op_timeout = Duration::from_millis(150);
     let store = QuotaStore::redis(o).await.unwrap();
     let observer = redis_store(&server, &p).await;
-    let itok = spec("t1/itok/day", tenant("t1"), Dimension::InputTokens, daily(100_000));
+    let itok = spec(
+        "t1/itok/day",
+        tenant("t1"),
+        Dimension::InputTokens,
+        daily(100_000),
+    );
     let slots = conc("t1/conc", 2);
     let all = [itok.clone(), slots.clone()];
     let a = store.reserve(&all, input(1_000), TTL).await.unwrap();
@@ -116,12 +139,24 @@ async fn reservation_that_timed_out_but_landed_is_cancelled_on_return() {
     // from its local share.
     let t = store.reserve(&all, one_request(), TTL).await.unwrap();
     assert_eq!(t.issued_by(), Some(StoreMode::LocalFallback));
-    assert_eq!(store.replay_pending(), 1, "a cancel of the timed-out id is queued");
+    assert_eq!(
+        store.replay_pending(),
+        1,
+        "a cancel of the timed-out id is queued"
+    );
     server.resume().unwrap();
     wait_until("back on redis", async || store.mode() == StoreMode::Redis).await;
     // Redis ran the reservation on resume; the replayed cancel undid it.
-    assert_eq!(remaining(&observer, &slots).await, 1, "the landed slot is freed");
-    assert_eq!(remaining(&observer, &reqs).await, 10, "and its request credited back");
+    assert_eq!(
+        remaining(&observer, &slots).await,
+        1,
+        "the landed slot is freed"
+    );
+    assert_eq!(
+        remaining(&observer, &reqs).await,
+        10,
+        "and its request credited back"
+    );
     store.reconcile(t, used_input(0)).await;
     assert_eq!(store.in_flight(), 0);
 }
@@ -165,7 +200,11 @@ async fn slots_of_a_dead_replica_lapse_within_one_lease_and_live_ones_are_renewe
     assert_eq!(remaining(&alive, &slots).await, 0, "both slots taken");
     // Three leases later the dead replica's slot is back, the live one is still held.
     tokio::time::sleep(lease * 3).await;
-    assert_eq!(remaining(&alive, &slots).await, 1, "dead slot lapsed, live slot renewed");
+    assert_eq!(
+        remaining(&alive, &slots).await,
+        1,
+        "dead slot lapsed, live slot renewed"
+    );
     alive.reconcile(held, used_input(0)).await;
     assert_eq!(alive.leased(), 0);
     assert_eq!(remaining(&alive, &slots).await, 2);
