@@ -662,7 +662,8 @@ impl QuotaStore {
         let client = redis::Client::open(opts.url.as_str()).map_err(StoreError::Url)?;
         let cfg = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
-            .set_response_timeout(Some(opts.connect_timeout))
+            // The op timeout governs each call (ours fires first when it is shorter).
+            .set_response_timeout(Some(opts.connect_timeout.max(opts.op_timeout)))
             .set_number_of_retries(1);
         let conn = match tokio::time::timeout(
             opts.connect_timeout,
