@@ -347,6 +347,22 @@ async fn chaos_aborts_kill_freeze_restart_leave_no_slot_and_exact_ledgers() {
     ];
     let survivors = all[..2].to_vec();
     let http = stack.http.clone();
+    // The test Redis persists nothing while four daily limits are configured: each replica
+    // says so at start (and logs a warning).
+    let t0 = Instant::now();
+    while metric(
+        &metrics_of(&http, &all[0]).await,
+        "switchyard_quota_unpersisted_limits",
+        &[],
+    ) != 4.0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no persistence warning"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(stack.router.output().contains("Redis persists nothing"));
 
     // 1. Client aborts around the reservation, on all three replicas, Redis healthy.
     let outcomes = during(&stack, &all, 1, tokio::time::sleep(Duration::from_secs(6))).await;

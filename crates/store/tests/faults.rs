@@ -235,3 +235,54 @@ async fn persistence_is_read_from_the_server() {
     assert!(p.append_only && p.persists());
     assert_eq!(QuotaStore::in_process().persistence().await, None);
 }
+
+/// Reads a bucket's figures once the store is back on Redis after a restart.
+async fn remaining_on_redis(store: &QuotaStore, b: &switchyard_core::quota::BucketSpec) -> u64 {
+    for _ in 0..200 {
+        let f = store.figures(b).await;
+        if store.mode() == StoreMode::Redis
+            && let Some(f) = f
+        {
+            return f.remaining;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("store not back on redis within 5 s");
+}
+
+async fn daily_cap_across_restart(mut server: RedisServer) -> u64 {
+    let p = prefix("restart");
+    let store = redis_store(&server, &p).await;
+    let reqs = spec("t1/req/day", tenant("t1"), Dimension::Requests, daily(5));
+    for _ in 0..3 {
+        let t = store
+            .reserve(&[reqs.clone()], one_request(), TTL)
+            .await
+            .unwrap();
+        store.reconcile(t, used_input(0)).await;
+    }
+    assert_eq!(remaining(&store, &reqs).await, 2);
+    server.restart().unwrap();
+    remaining_on_redis(&store, &reqs).await
+}
+
+/// What docs/broker.md "Redis persistence" says a daily limit needs: without persistence a
+/// restart reopens the day's cap in full; with an append-only file it keeps what was used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daily_cap_survives_a_restart_only_when_redis_persists() {
+    let volatile = RedisServer::start().unwrap();
+    assert_eq!(
+        daily_cap_across_restart(volatile).await,
+        5,
+        "reset: the cap reopened"
+    );
+    let durable = RedisServer::start_persistent().unwrap();
+    let store = redis_store(&durable, &prefix("probe")).await;
+    assert!(store.persistence().await.unwrap().append_only);
+    drop(store);
+    assert_eq!(
+        daily_cap_across_restart(durable).await,
+        2,
+        "kept across the restart"
+    );
+}
