@@ -256,7 +256,7 @@ async fn daily_cap_across_restart(mut server: RedisServer) -> u64 {
     let reqs = spec("t1/req/day", tenant("t1"), Dimension::Requests, daily(5));
     for _ in 0..3 {
         let t = store
-            .reserve(&[reqs.clone()], one_request(), TTL)
+            .reserve(std::slice::from_ref(&reqs), one_request(), TTL)
             .await
             .unwrap();
         store.reconcile(t, used_input(0)).await;
