@@ -810,3 +810,93 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod output_tests {
+    use super::*;
+    use crate::dispatch::{ClientBody, ClientOp, ClientRequest};
+
+    fn chat(body: serde_json::Value, input: u64) -> ClientRequest {
+        ClientRequest {
+            op: ClientOp::Chat,
+            body: ClientBody::Chat(Box::new(serde_json::from_value(body).unwrap())),
+            stream: false,
+            client_wants_usage: false,
+            project: String::new(),
+            tenant: None,
+            request_id: String::new(),
+            modalities: Vec::new(),
+            estimated_input_tokens: input,
+            output_allowance: 0,
+            estimate: crate::estimate::Estimate::default(),
+            fingerprint: 0,
+        }
+    }
+
+    #[test]
+    fn output_budget_uses_the_forwarded_cap_and_clamps_to_the_window() {
+        let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
+        // Both caps: max_completion_tokens is reserved and is the only one forwarded.
+        let both = chat(
+            serde_json::json!({"model": "m", "messages": msgs, "max_tokens": 40,
+                "max_completion_tokens": 10, "n": 3}),
+            100,
+        );
+        let b = output_budget(&both, 4096, None);
+        assert_eq!(
+            b,
+            OutputBudget {
+                forward: Some(10),
+                reserve: 30
+            }
+        );
+        let crate::dispatch::ClientBody::Chat(c) = &both.body else {
+            unreachable!()
+        };
+        let mut c = (**c).clone();
+        set_openai_cap(&mut c, b.forward);
+        assert_eq!((c.max_tokens, c.max_completion_tokens), (None, Some(10)));
+        // A huge cap with a 1,000-token window and 300 input tokens: 700 per choice.
+        let huge = chat(
+            serde_json::json!({"model": "m", "messages": msgs, "max_tokens": 1000000}),
+            300,
+        );
+        let b = output_budget(&huge, 4096, Some(1000));
+        assert_eq!(
+            b,
+            OutputBudget {
+                forward: Some(700),
+                reserve: 700
+            }
+        );
+        let crate::dispatch::ClientBody::Chat(c) = &huge.body else {
+            unreachable!()
+        };
+        let mut c = (**c).clone();
+        set_openai_cap(&mut c, b.forward);
+        assert_eq!(
+            (c.max_tokens, c.max_completion_tokens),
+            (Some(700), None),
+            "the client's own field"
+        );
+        // No cap: the route default is reserved and nothing is forwarded, unless the window
+        // leaves less than the default.
+        let none = chat(serde_json::json!({"model": "m", "messages": msgs}), 300);
+        assert_eq!(
+            output_budget(&none, 512, Some(100_000)),
+            OutputBudget {
+                forward: None,
+                reserve: 512
+            }
+        );
+        assert_eq!(
+            output_budget(&none, 4096, Some(1000)),
+            OutputBudget {
+                forward: Some(700),
+                reserve: 700
+            }
+        );
+        // Input beyond the window still leaves a cap of 1 (the provider answers the error).
+        assert_eq!(output_budget(&none, 4096, Some(200)).reserve, 1);
+    }
+}
