@@ -472,6 +472,11 @@ impl Drop for Pending {
         let Some(replay) = self.replay.take() else {
             return;
         };
+        if *self.shared.mode.borrow() != StoreMode::Redis {
+            // Redis is away: queued at once, replayed when it answers.
+            queue_replay(&self.shared, replay);
+            return;
+        }
         let shared = Arc::clone(&self.shared);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {

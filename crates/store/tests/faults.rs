@@ -222,16 +222,12 @@ async fn persistence_is_read_from_the_server() {
         }),
         "the test server runs with --save \"\" --appendonly no"
     );
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("appendonly")
-        .arg("yes")
-        .query_async(&mut conn)
+    let durable = RedisServer::start_persistent().unwrap();
+    let p = redis_store(&durable, &prefix("persist"))
+        .await
+        .persistence()
         .await
         .unwrap();
-    let p = store.persistence().await.unwrap();
     assert!(p.append_only && p.persists());
     assert_eq!(QuotaStore::in_process().persistence().await, None);
 }
