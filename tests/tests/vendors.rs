@@ -76,9 +76,7 @@ async fn trio_sticky_and_vendor_throttling_moves_traffic_down_the_chain() {
                     .with(NO_BREAKER),
             )
             .provider(Provider::anthropic("an").with(NO_BREAKER))
-            .policy(
-                Policy::chat(MODEL, &["vx", "br", "an"]).with("availability: {interval: 1s}"),
-            ),
+            .policy(Policy::chat(MODEL, &["vx", "br", "an"]).with("availability: {interval: 1s}")),
     )
     .await;
     let status = stack.status().await;
@@ -155,7 +153,11 @@ async fn trio_sticky_and_vendor_throttling_moves_traffic_down_the_chain() {
     })));
     for i in 0..10 {
         let r = stack.chat(MODEL, Some(&format!("b-{i}"))).await;
-        assert_eq!(r.status, 200, "Bedrock throttling reached the client: {}", r.body);
+        assert_eq!(
+            r.status, 200,
+            "Bedrock throttling reached the client: {}",
+            r.body
+        );
         assert_eq!(
             provider_name(&r.header("x-switchyard-provider").unwrap()),
             "an",
@@ -165,7 +167,9 @@ async fn trio_sticky_and_vendor_throttling_moves_traffic_down_the_chain() {
     }
     let metrics = stack.metrics().await;
     assert!(
-        metrics.lines().any(|l| l.contains("br") && l.contains("capacity")),
+        metrics
+            .lines()
+            .any(|l| l.contains("br") && l.contains("capacity")),
         "no capacity outcome recorded for br"
     );
 }
@@ -251,7 +255,11 @@ async fn irsa_web_identity_is_exchanged_at_sts_and_signs_requests() {
     let _g = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
-    std::fs::write(&token, "eyJhbGciOiJSUzI1NiJ9.e30.projected-service-account-token").unwrap();
+    std::fs::write(
+        &token,
+        "eyJhbGciOiJSUzI1NiJ9.e30.projected-service-account-token",
+    )
+    .unwrap();
     // The mock serves STS on its own address; the provider points its stsEndpoint there.
     let setup = |sts: &str| {
         Setup::new()

@@ -18,8 +18,11 @@
 //! exponential re-open backoff of seed 004.
 //!
 //! Lost trials: a half-open trial whose outcome is never reported (the request was dropped)
-//! would hold its permit forever. [`CircuitBreaker::on_cancel`] returns a permit explicitly, and
-//! permits are re-issued anyway once a whole cooldown has passed in half-open.
+//! would hold its permit forever. [`CircuitBreaker::on_cancel`] returns a permit explicitly.
+//! A trial that is merely slow (it outlives the cooldown) still holds its permit: no new round
+//! of permits is issued while earlier trials are in flight, so half-open never sends more than
+//! `half_open_trials` at once (issue 14). Only a trial unreported for [`LOST_TRIAL_AFTER`]
+//! (longer than any request may run) is taken as lost and its permit re-issued.
 
 use std::time::Duration;
 
@@ -88,6 +91,10 @@ enum Inner {
         succeeded: u32,
     },
 }
+
+/// After this long in half-open without every trial's outcome, the missing ones are taken as
+/// lost (their requests ended without reporting) and a new round of permits is issued.
+pub const LOST_TRIAL_AFTER: Duration = Duration::from_secs(15 * 60);
 
 const OK: usize = 0;
 const FAILED: usize = 1;
@@ -163,7 +170,7 @@ impl CircuitBreaker {
                         succeeded,
                     };
                     true
-                } else if now.saturating_since(since) >= self.last_cooldown {
+                } else if now.saturating_since(since) >= LOST_TRIAL_AFTER.max(self.last_cooldown) {
                     // Outcomes of the outstanding trials never came back: start a new round.
                     self.inner = Inner::HalfOpen {
                         since: now,
@@ -466,6 +473,27 @@ mod tests {
     }
 
     #[test]
+    fn breaker_slow_trial_outliving_cooldown_gets_no_second_permit() {
+        use Step::*;
+        // Opens at 0 until 5 s; the trial taken at 5 s is still in flight 10 s later (twice the
+        // cooldown): no new permit until it reports, or until it counts as lost.
+        let mut steps = vec![Fail(0), Fail(1), Fail(2), Fail(3), Fail(4)];
+        steps.push(State(4, open_until(5_004)));
+        steps.push(Acquire(5_004, true));
+        steps.push(Acquire(10_010, false));
+        steps.push(Acquire(15_010, false));
+        steps.push(Ok(16_000));
+        steps.push(State(16_000, BreakerState::Closed));
+        run(BreakerConfig::default(), &steps);
+        let lost = 5_004 + u64::try_from(LOST_TRIAL_AFTER.as_millis()).unwrap();
+        let mut steps = vec![Fail(0), Fail(1), Fail(2), Fail(3), Fail(4)];
+        steps.push(Acquire(5_004, true));
+        steps.push(Acquire(lost - 1, false));
+        steps.push(Acquire(lost, true));
+        run(BreakerConfig::default(), &steps);
+    }
+
+    #[test]
     fn breaker_multiple_trials_all_must_succeed() {
         use Step::*;
         let cfg = BreakerConfig {
@@ -489,20 +517,22 @@ mod tests {
     }
 
     #[test]
-    fn breaker_lost_trial_reissued_after_cooldown() {
+    fn breaker_lost_trial_reissued_after_lost_trial_timeout() {
         let cfg = BreakerConfig {
             consecutive_failures: 1,
             ..BreakerConfig::default()
         };
+        let lost = 5_000 + u64::try_from(LOST_TRIAL_AFTER.as_millis()).unwrap();
         let mut b = CircuitBreaker::new(cfg);
         b.on_failure(at(0));
         assert!(b.try_acquire(at(5_000)));
-        // The trial's outcome never arrives.
-        assert!(!b.try_acquire(at(9_999)));
-        assert!(b.try_acquire(at(10_000)));
+        // The trial's outcome never arrives: a cooldown later it may still be running.
+        assert!(!b.try_acquire(at(10_000)));
+        assert!(!b.try_acquire(at(lost - 1)));
+        assert!(b.try_acquire(at(lost)));
         // A cancelled trial returns its permit at once.
-        b.on_cancel(at(10_001));
-        assert!(b.try_acquire(at(10_002)));
+        b.on_cancel(at(lost + 1));
+        assert!(b.try_acquire(at(lost + 2)));
         assert_eq!(b.trips(), 1);
     }
 

@@ -354,6 +354,67 @@ pub async fn connect_store(
     }
 }
 
+/// Whether a Redis restart that loses this bucket's state matters beyond a short while: spend
+/// limits (money already spent would be forgotten) and windows or refill periods of an hour or
+/// more (a daily cap would reopen in full). Minute-scale buckets refill within their period
+/// anyway, and concurrency slots are rebuilt by the live calls' lease renewals.
+pub fn needs_persistence(b: &BucketSpec) -> bool {
+    const LONG: Duration = Duration::from_secs(3600);
+    if b.dimension == Dimension::SpendMicroUsd {
+        return true;
+    }
+    match b.rule {
+        Rule::TokenBucket { period, .. } | Rule::FixedWindow { period, .. } => period >= LONG,
+        Rule::Concurrency { .. } => false,
+    }
+}
+
+/// Checks, at start and then every `every`, whether the configured Redis persists
+/// (`CONFIG GET save` / `appendonly`) while limits that need it are configured (see
+/// [`needs_persistence`]); if not, logs a warning naming them (once per change) and sets
+/// `switchyard_quota_unpersisted_limits` to their number. Returns at once for the in-process
+/// store. A Redis that does not answer `CONFIG` (managed services often forbid it) is logged
+/// once at debug level and counted as 0: unknown is not reported as a risk.
+pub async fn watch_persistence(app: Arc<crate::server::App>, every: Duration) {
+    if app.broker.store().mode() == switchyard_store::StoreMode::InProcess {
+        return;
+    }
+    let mut last: Option<usize> = None;
+    loop {
+        let at_risk = match app.broker.store().persistence().await {
+            Some(p) if !p.persists() => {
+                let live = app.runtime.live();
+                let table = &live.table;
+                let mut keys: Vec<&str> = table
+                    .tenants
+                    .iter()
+                    .flat_map(|t| t.buckets.iter())
+                    .chain(table.routes.iter().flat_map(|r| r.buckets.iter()))
+                    .chain(table.providers.iter().flat_map(|p| p.buckets.iter()))
+                    .filter(|b| needs_persistence(b))
+                    .map(|b| b.key.as_str())
+                    .collect();
+                keys.sort_unstable();
+                keys.dedup();
+                if last != Some(keys.len()) && !keys.is_empty() {
+                    tracing::warn!(
+                        limits = keys.len(),
+                        first = %keys.iter().take(5).copied().collect::<Vec<_>>().join(", "),
+                        "quota store: Redis persists nothing (save \"\", appendonly no) while daily or longer or spend limits are configured; a Redis restart resets them (see docs/broker.md, Redis persistence)"
+                    );
+                }
+                keys.len()
+            }
+            _ => 0,
+        };
+        last = Some(at_risk);
+        app.metrics
+            .unpersisted_limits
+            .set(i64::try_from(at_risk).unwrap_or(i64::MAX));
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// One provider-reported figure: `remaining` units of `dimension` and, when reported, the time
 /// until the provider's bucket is full again or its window resets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -498,6 +559,72 @@ fn forget(room: &mut Room, tenant: &str, id: EntryId) {
         if ids.is_empty() {
             room.by_tenant.remove(tenant);
         }
+    }
+}
+
+/// The `source` of a charge: `reported` when the provider's usage report stands behind every
+/// count, `estimated` when any count is the tokenizer's or the router's estimate.
+pub fn charge_source(u: &NormalizedUsage) -> &'static str {
+    match u.source {
+        crate::wire::usage::UsageSource::Reported => "reported",
+        crate::wire::usage::UsageSource::Estimated => "estimated",
+    }
+}
+
+/// The output cap of one attempt: what is reserved and what is forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputBudget {
+    /// Cap per choice to send upstream, as the one cap field the provider reads; `None`
+    /// leaves the request without a cap (the client set none and nothing needed clamping).
+    pub forward: Option<u64>,
+    /// Output tokens to reserve: the per-choice cap (or the route's default) × choices.
+    pub reserve: u64,
+}
+
+/// The output cap an attempt reserves and forwards (issue 14, item 6). The client's cap is the
+/// OpenAI `max_completion_tokens`, else `max_tokens` (when both are sent, only the first is
+/// forwarded, so the provider obeys the cap that was reserved), or Anthropic's `max_tokens`;
+/// without one, the route's `defaultMaxTokens` is reserved. With the model's `contextWindow`
+/// known, the cap is clamped to the window minus the input estimate (at least 1), and the
+/// clamped cap is forwarded: a "no limit" cap neither over-reserves nor is refused when the
+/// clamped value fits, and the provider never produces more than was reserved. Embeddings and
+/// rerank reserve no output.
+pub fn output_budget(
+    req: &crate::dispatch::ClientRequest,
+    default: u64,
+    context_window: Option<u64>,
+) -> OutputBudget {
+    use crate::dispatch::ClientBody;
+    let (cap, choices) = match &req.body {
+        ClientBody::Chat(c) => (c.output_cap(), u64::from(c.n.unwrap_or(1).max(1))),
+        ClientBody::Messages(m) => (Some(m.max_tokens), 1),
+        ClientBody::Json(_) => {
+            return OutputBudget {
+                forward: None,
+                reserve: req.output_allowance,
+            };
+        }
+    };
+    let base = cap.unwrap_or(default);
+    let room = context_window.map(|w| w.saturating_sub(req.estimated_input_tokens).max(1));
+    let per_choice = room.map_or(base, |r| base.min(r));
+    let clamped = per_choice < base;
+    OutputBudget {
+        forward: (cap.is_some() || clamped).then_some(per_choice),
+        reserve: per_choice.saturating_mul(choices),
+    }
+}
+
+/// Puts `cap` into an OpenAI chat request as its only cap field: `max_completion_tokens`,
+/// or `max_tokens` when that is the one the client used alone (older compatible servers read
+/// only that one).
+pub fn set_openai_cap(chat: &mut crate::wire::openai::ChatRequest, cap: Option<u64>) {
+    let Some(cap) = cap else { return };
+    if chat.max_tokens.is_some() && chat.max_completion_tokens.is_none() {
+        chat.max_tokens = Some(cap);
+    } else {
+        chat.max_completion_tokens = Some(cap);
+        chat.max_tokens = None;
     }
 }
 
@@ -681,5 +808,95 @@ mod tests {
             assert_eq!(*row, expected, "{name}");
             assert_eq!(used, &vec![4, 2459, 23, 1094], "{name}: bucket usage");
         }
+    }
+}
+
+#[cfg(test)]
+mod output_tests {
+    use super::*;
+    use crate::dispatch::{ClientBody, ClientOp, ClientRequest};
+
+    fn chat(body: serde_json::Value, input: u64) -> ClientRequest {
+        ClientRequest {
+            op: ClientOp::Chat,
+            body: ClientBody::Chat(Box::new(serde_json::from_value(body).unwrap())),
+            stream: false,
+            client_wants_usage: false,
+            project: String::new(),
+            tenant: None,
+            request_id: String::new(),
+            modalities: Vec::new(),
+            estimated_input_tokens: input,
+            output_allowance: 0,
+            estimate: crate::estimate::Estimate::default(),
+            fingerprint: 0,
+        }
+    }
+
+    #[test]
+    fn output_budget_uses_the_forwarded_cap_and_clamps_to_the_window() {
+        let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
+        // Both caps: max_completion_tokens is reserved and is the only one forwarded.
+        let both = chat(
+            serde_json::json!({"model": "m", "messages": msgs, "max_tokens": 40,
+                "max_completion_tokens": 10, "n": 3}),
+            100,
+        );
+        let b = output_budget(&both, 4096, None);
+        assert_eq!(
+            b,
+            OutputBudget {
+                forward: Some(10),
+                reserve: 30
+            }
+        );
+        let crate::dispatch::ClientBody::Chat(c) = &both.body else {
+            unreachable!()
+        };
+        let mut c = (**c).clone();
+        set_openai_cap(&mut c, b.forward);
+        assert_eq!((c.max_tokens, c.max_completion_tokens), (None, Some(10)));
+        // A huge cap with a 1,000-token window and 300 input tokens: 700 per choice.
+        let huge = chat(
+            serde_json::json!({"model": "m", "messages": msgs, "max_tokens": 1000000}),
+            300,
+        );
+        let b = output_budget(&huge, 4096, Some(1000));
+        assert_eq!(
+            b,
+            OutputBudget {
+                forward: Some(700),
+                reserve: 700
+            }
+        );
+        let crate::dispatch::ClientBody::Chat(c) = &huge.body else {
+            unreachable!()
+        };
+        let mut c = (**c).clone();
+        set_openai_cap(&mut c, b.forward);
+        assert_eq!(
+            (c.max_tokens, c.max_completion_tokens),
+            (Some(700), None),
+            "the client's own field"
+        );
+        // No cap: the route default is reserved and nothing is forwarded, unless the window
+        // leaves less than the default.
+        let none = chat(serde_json::json!({"model": "m", "messages": msgs}), 300);
+        assert_eq!(
+            output_budget(&none, 512, Some(100_000)),
+            OutputBudget {
+                forward: None,
+                reserve: 512
+            }
+        );
+        assert_eq!(
+            output_budget(&none, 4096, Some(1000)),
+            OutputBudget {
+                forward: Some(700),
+                reserve: 700
+            }
+        );
+        // Input beyond the window still leaves a cap of 1 (the provider answers the error).
+        assert_eq!(output_budget(&none, 4096, Some(200)).reserve, 1);
     }
 }

@@ -35,6 +35,9 @@ pub struct ModelConfig {
     pub modalities: Vec<Modality>,
     /// List prices, when declared.
     pub pricing: Option<Pricing>,
+    /// `contextWindow`: input plus output tokens the model takes, when declared. Output caps
+    /// are clamped to what it leaves after the input estimate ([`crate::broker::output_budget`]).
+    pub context_window: Option<u64>,
 }
 
 /// One provider, ready to call.
@@ -65,11 +68,24 @@ pub struct ProviderConfig {
     pub probes: Option<Arc<crate::probe::ProbePlan>>,
     /// Provider-side quota buckets: its own limits and its quota groups' (shared by key).
     pub buckets: Vec<Arc<BucketSpec>>,
+    /// `spec.timeouts.firstToken`, when set: bounds the wait for first content on this
+    /// provider (the shorter of it and the route's wins, see
+    /// [`ProviderConfig::first_token_timeout`]).
+    pub first_token: Option<Duration>,
     /// Metadata generation the config was built from.
     pub generation: Option<i64>,
 }
 
 impl ProviderConfig {
+    /// How long an attempt on this provider waits for first content: the route's first-token
+    /// timeout, shortened by the provider's own `spec.timeouts.firstToken` when that is
+    /// shorter (a slow provider may not stretch a route's promise; a fast one may tighten it).
+    pub fn first_token_timeout(&self, route: &Route) -> Duration {
+        self.first_token.map_or(route.first_token_timeout, |p| {
+            p.min(route.first_token_timeout)
+        })
+    }
+
     /// The dialect chat bodies for upstream model `model` must be in, when the provider is
     /// usable.
     pub fn kind(&self, model: &str) -> Option<ProviderKind> {
@@ -420,6 +436,7 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
                         upstream: m.upstream_name.clone().unwrap_or_else(|| m.name.clone()),
                         modalities: m.modalities.clone(),
                         pricing: m.pricing.as_ref().map(pricing),
+                        context_window: m.context_window.map(u64::from),
                     },
                 )
             })
@@ -435,6 +452,11 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
         breaker: breaker_cfg,
         probes: crate::probe::plan(spec).map(Arc::new),
         buckets,
+        first_token: spec
+            .timeouts
+            .as_ref()
+            .and_then(|t| t.first_token.as_deref())
+            .and_then(duration::parse),
         generation: p.metadata.generation,
     }
 }

@@ -377,6 +377,8 @@ impl Reserved {
             return;
         };
         let spend = broker::ledger_usage(u, self.pricing).spend_micro_usd;
+        let source = broker::charge_source(u);
+        tracing::debug!(target: "switchyard::ledger", %tenant, source, input_uncached = u.input_uncached, cache_read = u.cache_read, cache_write = u.cache_write, output = u.output, spend_micro_usd = spend, "charged");
         for (kind, n) in [
             ("input_uncached", u.input_uncached),
             ("cache_read", u.cache_read),
@@ -389,6 +391,7 @@ impl Reserved {
                 .get_or_create(&crate::metrics::TenantCharge {
                     tenant: tenant.clone(),
                     kind: kind.to_owned(),
+                    source: source.to_owned(),
                 })
                 .inc_by(n);
         }
@@ -950,11 +953,14 @@ async fn run(
                     unpriced = true;
                     continue 'providers;
                 }
-                let demand = broker::demand(
-                    req.estimated_input_tokens,
-                    req.output_allowance,
-                    Some(pricing),
-                );
+                let window = provider
+                    .models
+                    .get(&route.model)
+                    .and_then(|m| m.context_window);
+                let output =
+                    broker::output_budget(req, u64::from(route.default_max_tokens), window);
+                let demand =
+                    broker::demand(req.estimated_input_tokens, output.reserve, Some(pricing));
                 match app.broker.reserve(&buckets, demand, route.deadline).await {
                     Ok(ticket) => {
                         // The caller's own tightest bucket after this debit, for the success
@@ -1323,6 +1329,7 @@ fn upstream_body(
     kind: ProviderKind,
     model: &str,
     route: &Route,
+    cap: Option<u64>,
 ) -> Result<Bytes, ApiError> {
     let bad = |e: translate::TranslateError| {
         ApiError::new(
@@ -1340,6 +1347,7 @@ fn upstream_body(
         (ClientBody::Chat(chat), ProviderKind::OpenAi) => {
             let mut chat = (**chat).clone();
             chat.model = model.to_owned();
+            broker::set_openai_cap(&mut chat, cap);
             chat.force_include_usage();
             json(serde_json::to_vec(&chat))
         }
@@ -1347,7 +1355,9 @@ fn upstream_body(
             let opts = RequestOptions {
                 default_max_tokens: u64::from(route.default_max_tokens),
             };
-            let mut translated = translate::openai_to_anthropic_request((**chat).clone(), opts)
+            let mut chat = (**chat).clone();
+            broker::set_openai_cap(&mut chat, cap);
+            let mut translated = translate::openai_to_anthropic_request(chat, opts)
                 .map_err(bad)?
                 .value;
             translated.model = model.to_owned();
@@ -1356,6 +1366,7 @@ fn upstream_body(
         (ClientBody::Messages(m), ProviderKind::Anthropic) => {
             let mut m = (**m).clone();
             m.model = model.to_owned();
+            m.max_tokens = cap.unwrap_or(m.max_tokens);
             json(serde_json::to_vec(&m))
         }
         (ClientBody::Messages(m), ProviderKind::OpenAi) => {
@@ -1363,6 +1374,7 @@ fn upstream_body(
                 .map_err(bad)?
                 .value;
             translated.model = model.to_owned();
+            broker::set_openai_cap(&mut translated, cap);
             translated.force_include_usage();
             json(serde_json::to_vec(&translated))
         }
@@ -1413,7 +1425,12 @@ async fn attempt(
             status: None,
         });
     };
-    let body = match upstream_body(req, kind, model, route) {
+    let window = provider
+        .models
+        .get(&route.model)
+        .and_then(|m| m.context_window);
+    let cap = broker::output_budget(req, u64::from(route.default_max_tokens), window).forward;
+    let body = match upstream_body(req, kind, model, route, cap) {
         Ok(b) => b,
         Err(e) => {
             unsent(quota);
@@ -1435,7 +1452,7 @@ async fn attempt(
     // non-streamed answer by the attempt's share of the deadline.
     let attempt_remaining = deadlines.attempt.min(deadline).saturating_since(now);
     let header_budget = if streaming {
-        route.first_token_timeout.min(remaining)
+        provider.first_token_timeout(route).min(remaining)
     } else {
         attempt_remaining
     };
@@ -1513,7 +1530,7 @@ async fn attempt(
         )
         .await
     } else {
-        let body = tokio::time::timeout_at(attempt_end, response.collect(MAX_UPSTREAM_BODY)).await;
+        let (guard, body) = collect_detached(app, guard, req.op, kind, response, attempt_end).await;
         let body = match body {
             Err(_) => return fail(guard, timed_out(attempt_remaining)),
             Ok(Err(e)) => return fail(guard, transport_class(&e)),
@@ -1549,6 +1566,55 @@ async fn attempt(
                 },
             ),
         }
+    }
+}
+
+/// A whole body read, or why not (its own deadline, or the transport).
+type Collected = Result<Result<Bytes, TransportError>, tokio::time::error::Elapsed>;
+
+/// Reads a whole non-streamed body on its own task, bounded by `until` and
+/// [`MAX_UPSTREAM_BODY`]. If the client leaves meanwhile (this future is dropped), the task
+/// keeps reading to the end and settles the attempt's reservation itself, with the usage the
+/// provider reports in the body (it billed the whole answer), or the input estimate when the
+/// body never completes (issue 14, "charges on cut requests").
+async fn collect_detached(
+    app: &Arc<App>,
+    mut guard: AttemptGuard,
+    op: ClientOp,
+    kind: ProviderKind,
+    response: UpstreamResponse,
+    until: tokio::time::Instant,
+) -> (AttemptGuard, Collected) {
+    let quota = guard.quota.take();
+    let (tx, rx) = tokio::sync::oneshot::channel::<(Collected, Option<Reserved>)>();
+    let bg = app.clone();
+    tokio::spawn(async move {
+        let body = tokio::time::timeout_at(until, response.collect(MAX_UPSTREAM_BODY)).await;
+        if let Err((body, Some(q))) = tx.send((body, quota)) {
+            let reported = match &body {
+                Ok(Ok(b)) => translate_response(&bg, op, kind, b)
+                    .ok()
+                    .and_then(|(_, u)| u),
+                _ => None,
+            };
+            let used =
+                reported.unwrap_or_else(|| NormalizedUsage::estimated(q.estimated_input.max(1), 0));
+            q.settle_abandoned(&bg, &used);
+        }
+    });
+    match rx.await {
+        Ok((body, quota)) => {
+            guard.quota = quota;
+            (guard, body)
+        }
+        // The reader task ended without answering (it panicked): its reservation was dropped,
+        // which releases it with the estimate kept.
+        Err(_) => (
+            guard,
+            Ok(Err(TransportError::Other(
+                "response reader failed".to_owned(),
+            ))),
+        ),
     }
 }
 
@@ -1678,7 +1744,7 @@ fn provider_dialect(kind: ProviderKind) -> Dialect {
 #[allow(clippy::too_many_arguments)]
 async fn stream_attempt(
     app: &Arc<App>,
-    guard: AttemptGuard,
+    mut guard: AttemptGuard,
     kind: ProviderKind,
     req: &ClientRequest,
     response: UpstreamResponse,
@@ -1719,6 +1785,9 @@ async fn stream_attempt(
         for (i, item) in items.iter().enumerate() {
             match stream_classify::classify(upstream_dialect, item) {
                 stream_classify::StreamClass::Error(payload) => {
+                    // Usage the provider reported before failing (e.g. in a stream's start
+                    // event) was billed: it is charged as this attempt's own line (issue 14).
+                    guard.partial = translator.usage().reported();
                     return fail(guard, classify_stream_error_at(&payload, app.clock.wall()));
                 }
                 stream_classify::StreamClass::Malformed

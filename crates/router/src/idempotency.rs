@@ -13,8 +13,14 @@
 //!   refused with 422 `idempotency_key_reused` instead of being answered with another
 //!   request's answer.
 //!
-//! Entries live in a bounded LRU (oldest evicted first), in this process only: replicas behind
-//! a load balancer each keep their own, so a retry that lands on another replica is sent again.
+//! Entries live in a bounded LRU (oldest evicted first) in each process. With Redis configured
+//! ([`Idempotency::share_through`], issue 14) a key claimed here is also claimed in Redis, so
+//! a retry that lands on another replica finds it: it waits while the first is in flight
+//! anywhere (polling every 50 ms, at most [`SHARED_IN_FLIGHT`]), then replays the stored answer
+//! or gets the same 409/422 as on one replica. Answers are stored in Redis for the replay time,
+//! at most [`MAX_STORED_BYTES`] each; an in-flight marker expires after [`SHARED_IN_FLIGHT`],
+//! so a replica that died mid-request holds the key no longer. While Redis is unreachable each
+//! replica falls back to its own table (a retry elsewhere may then be sent again).
 //! Keys are scoped by tenant, so one tenant's key never matches another's. Stored answers are
 //! held in memory; the bound on entries and the per-answer size cap keep that in check.
 //! Compared with the IETF draft "The Idempotency-Key HTTP Header Field": same header, same
@@ -43,6 +49,12 @@ pub const MAX_STORED_BYTES: usize = 1024 * 1024;
 
 /// Entries kept at most.
 const CAPACITY: usize = 10_000;
+
+/// How long an in-flight marker lives in Redis, and how long a twin waits for it at most.
+pub const SHARED_IN_FLIGHT: Duration = Duration::from_secs(300);
+
+/// How often a twin looks again at a key in flight on another replica.
+const SHARED_POLL: Duration = Duration::from_millis(50);
 
 /// A stored answer.
 #[derive(Debug, Clone)]
@@ -105,13 +117,28 @@ pub struct Permit {
     key: (String, String),
     fingerprint: u64,
     tx: watch::Sender<Option<Arc<Stored>>>,
+    /// The key's name in the shared store, when it was claimed there too.
+    shared: Option<String>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         // After `finish` stored an answer the entry is `Done` and this does nothing.
         self.table.forget(&self.key);
+        if let (Some(key), Some(store)) = (self.shared.take(), self.table.shared.get().cloned())
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            let owner = self.table.owner.clone();
+            handle.spawn(async move { store.idempotency_forget(&key, &owner).await });
+        }
     }
+}
+
+/// Where a claim stands after the local table was consulted.
+enum Local {
+    Answer(Claim),
+    Run(Permit),
+    Wait(watch::Receiver<Option<Arc<Stored>>>),
 }
 
 /// The per-process table of idempotency keys.
@@ -120,6 +147,10 @@ pub struct Idempotency {
     entries: Mutex<lru::LruCache<(String, String), Entry>>,
     /// Replay time in milliseconds (settable after start, e.g. from a flag).
     ttl_ms: std::sync::atomic::AtomicU64,
+    /// The store shared with the other replicas, when there is one.
+    shared: std::sync::OnceLock<switchyard_store::QuotaStore>,
+    /// This process's id as a key's owner in the shared store.
+    owner: String,
 }
 
 impl Idempotency {
@@ -129,7 +160,15 @@ impl Idempotency {
         Idempotency {
             entries: Mutex::new(lru::LruCache::new(cap)),
             ttl_ms: std::sync::atomic::AtomicU64::new(millis(ttl)),
+            shared: std::sync::OnceLock::new(),
+            owner: format!("{:016x}", rand::random::<u64>()),
         }
+    }
+
+    /// Shares keys, in-flight markers and answers with the other replicas through `store`
+    /// (a Redis store; the in-process store shares nothing). Set once, at start.
+    pub fn share_through(&self, store: switchyard_store::QuotaStore) {
+        let _ = self.shared.set(store);
     }
 
     /// Changes how long completed answers are replayed (entries already stored keep theirs).
@@ -147,7 +186,7 @@ impl Idempotency {
     /// request is refused ([`Claim::Reused`]) rather than answered with the first's answer.
     pub async fn claim(self: &Arc<Self>, tenant: &str, key: &str, fingerprint: u64) -> Claim {
         let k = (tenant.to_owned(), key.to_owned());
-        let mut rx = {
+        let local = {
             let mut entries = lock(&self.entries);
             let now = tokio::time::Instant::now();
             let live = |e: &Entry| match e {
@@ -155,23 +194,33 @@ impl Idempotency {
                 Entry::InFlight(_, rx) => rx.has_changed().is_ok(),
             };
             match entries.get(&k) {
-                Some(e) if live(e) && e.fingerprint() != fingerprint => return Claim::Reused,
-                Some(Entry::Done(_, stored, expires)) if *expires > now => {
-                    return Claim::Replay(stored.replay());
+                Some(e) if live(e) && e.fingerprint() != fingerprint => {
+                    Local::Answer(Claim::Reused)
                 }
-                Some(Entry::Streamed(_, expires)) if *expires > now => return Claim::Conflict,
-                Some(Entry::InFlight(_, rx)) if rx.has_changed().is_ok() => rx.clone(),
+                Some(Entry::Done(_, stored, expires)) if *expires > now => {
+                    Local::Answer(Claim::Replay(stored.replay()))
+                }
+                Some(Entry::Streamed(_, expires)) if *expires > now => {
+                    Local::Answer(Claim::Conflict)
+                }
+                Some(Entry::InFlight(_, rx)) if rx.has_changed().is_ok() => Local::Wait(rx.clone()),
                 _ => {
                     let (tx, rx) = watch::channel(None);
                     entries.put(k.clone(), Entry::InFlight(fingerprint, rx));
-                    return Claim::Run(Permit {
+                    Local::Run(Permit {
                         table: self.clone(),
                         key: k,
                         fingerprint,
                         tx,
-                    });
+                        shared: None,
+                    })
                 }
             }
+        };
+        let mut rx = match local {
+            Local::Answer(c) => return c,
+            Local::Run(permit) => return self.claim_shared(permit).await,
+            Local::Wait(rx) => rx,
         };
         // The twin finishes with an answer (replay it) or without one (conflict: the client
         // decides whether to retry).
@@ -184,9 +233,62 @@ impl Idempotency {
         }
     }
 
+    /// Claims the key in the shared store too (first here, now across replicas): runs when it
+    /// is free there (or there is no shared store, or it fails), replays or refuses as the
+    /// other replica's request decided, and waits while that request is in flight.
+    async fn claim_shared(&self, mut permit: Permit) -> Claim {
+        let Some(store) = self.shared.get() else {
+            return Claim::Run(permit);
+        };
+        let name = format!("{}/{}", permit.key.0, permit.key.1);
+        let give_up = tokio::time::Instant::now() + SHARED_IN_FLIGHT;
+        loop {
+            let claim = store
+                .idempotency_claim(&name, permit.fingerprint, &self.owner, SHARED_IN_FLIGHT)
+                .await;
+            match claim {
+                Some(switchyard_store::SharedClaim::Run) => {
+                    permit.shared = Some(name);
+                    return Claim::Run(permit);
+                }
+                None => return Claim::Run(permit),
+                Some(switchyard_store::SharedClaim::Reused) => return Claim::Reused,
+                Some(switchyard_store::SharedClaim::Streamed) => return Claim::Conflict,
+                Some(switchyard_store::SharedClaim::Done {
+                    status,
+                    headers,
+                    body,
+                }) => {
+                    let stored = Arc::new(Stored {
+                        status: StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+                        headers: decode_headers(&headers),
+                        body: Bytes::from(body),
+                    });
+                    // Twins waiting here get the same answer.
+                    lock(&self.entries).put(
+                        permit.key.clone(),
+                        Entry::Done(
+                            permit.fingerprint,
+                            stored.clone(),
+                            tokio::time::Instant::now() + self.ttl(),
+                        ),
+                    );
+                    let _ = permit.tx.send(Some(stored.clone()));
+                    return Claim::Replay(stored.replay());
+                }
+                Some(switchyard_store::SharedClaim::InFlight) => {
+                    if tokio::time::Instant::now() >= give_up {
+                        return Claim::Conflict;
+                    }
+                    tokio::time::sleep(SHARED_POLL).await;
+                }
+            }
+        }
+    }
+
     /// Finishes a claimed request: keeps a successful non-streamed answer for replay (the
     /// response is rebuilt from the collected body); forgets the key otherwise.
-    pub async fn finish(&self, permit: Permit, response: Response, streamed: bool) -> Response {
+    pub async fn finish(&self, mut permit: Permit, response: Response, streamed: bool) -> Response {
         if !response.status().is_success() {
             return response; // dropping the permit forgets the key
         }
@@ -196,6 +298,11 @@ impl Idempotency {
                 permit.key.clone(),
                 Entry::Streamed(permit.fingerprint, tokio::time::Instant::now() + self.ttl()),
             );
+            if let (Some(name), Some(store)) = (permit.shared.take(), self.shared.get()) {
+                store
+                    .idempotency_streamed(&name, &self.owner, self.ttl())
+                    .await;
+            }
             return response;
         }
         let (parts, body) = response.into_parts();
@@ -219,6 +326,24 @@ impl Idempotency {
                 tokio::time::Instant::now() + self.ttl(),
             ),
         );
+        if let (Some(name), Some(store)) = (permit.shared.take(), self.shared.get()) {
+            let headers = encode_headers(&stored.headers);
+            if !store
+                .idempotency_done(
+                    &name,
+                    &self.owner,
+                    self.ttl(),
+                    stored.status.as_u16(),
+                    &headers,
+                    &stored.body,
+                )
+                .await
+            {
+                // Not stored (Redis away, or the marker expired): free the key rather than
+                // leave other replicas waiting on it.
+                store.idempotency_forget(&name, &self.owner).await;
+            }
+        }
         let _ = permit.tx.send(Some(stored));
         Response::from_parts(parts, Body::from(bytes))
     }
@@ -229,6 +354,30 @@ impl Idempotency {
             entries.pop(key);
         }
     }
+}
+
+/// Headers of a stored answer as JSON `[[name, value], …]` (values that are not text are left
+/// out: the router's own answers carry none).
+fn encode_headers(h: &HeaderMap) -> Vec<u8> {
+    let pairs: Vec<(&str, &str)> = h
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
+        .collect();
+    serde_json::to_vec(&pairs).unwrap_or_default()
+}
+
+fn decode_headers(raw: &[u8]) -> HeaderMap {
+    let pairs: Vec<(String, String)> = serde_json::from_slice(raw).unwrap_or_default();
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        if let (Ok(k), Ok(v)) = (
+            axum::http::HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(&v),
+        ) {
+            h.append(k, v);
+        }
+    }
+    h
 }
 
 fn millis(d: Duration) -> u64 {

@@ -313,6 +313,11 @@ impl KubeRouter {
                 shared.clone(),
             )),
             tokio::spawn(apply_loop(shared)),
+            // The table arrives with the reflectors: look again every 15 s.
+            tokio::spawn(crate::broker::watch_persistence(
+                app.clone(),
+                std::time::Duration::from_secs(15),
+            )),
         ];
         let bound = match tokio::net::TcpListener::bind(options.listen).await {
             Ok(listener) => listener.local_addr().map(|addr| (listener, addr)),

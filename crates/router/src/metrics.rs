@@ -77,6 +77,9 @@ pub struct TenantCharge {
     pub tenant: String,
     /// `input_uncached`, `cache_read`, `cache_write`, `output` (tokens) or `spend_micro_usd`.
     pub kind: String,
+    /// `reported` (the provider's usage) or `estimated` (the tokenizer's count or the
+    /// router's estimate: the provider reported nothing for this attempt).
+    pub source: String,
 }
 
 /// Labels `outcome` (`admitted`, `queued`, or a rejection reason code).
@@ -140,6 +143,12 @@ pub struct Metrics {
     pub reservations_in_flight: Gauge,
     /// 1 for the quota store's current mode (a Redis outage shows as `local_fallback`).
     pub store_mode: Family<StoreModeLabel, Gauge>,
+    /// Settlements and cancels waiting for Redis to answer again.
+    pub replay_pending: Gauge,
+    /// Configured limits whose state a Redis restart would lose: windows or refill periods
+    /// of an hour or more and spend limits, counted when the configured Redis persists
+    /// nothing (0 when it persists, or when there is no Redis).
+    pub unpersisted_limits: Gauge,
     /// Requests waiting in the broker's queues.
     pub queue_depth: Gauge,
     /// Time spent waiting in a queue before admission or refusal, seconds.
@@ -178,6 +187,8 @@ impl Metrics {
             quota_decisions: Family::default(),
             reservations_in_flight: Gauge::default(),
             store_mode: Family::default(),
+            replay_pending: Gauge::default(),
+            unpersisted_limits: Gauge::default(),
             queue_depth: Gauge::default(),
             queue_wait: latency_histogram(),
             estimation_error: Histogram::new([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]),
@@ -270,6 +281,16 @@ impl Metrics {
             "quota_store_mode",
             "1 for the quota store's current mode",
             m.store_mode.clone(),
+        );
+        registry.register(
+            "quota_replay_pending",
+            "Settlements and cancels made while Redis was unreachable, not yet replayed",
+            m.replay_pending.clone(),
+        );
+        registry.register(
+            "quota_unpersisted_limits",
+            "Daily or longer limits and spend limits kept in a Redis that persists nothing (a restart resets them)",
+            m.unpersisted_limits.clone(),
         );
         registry.register(
             "queue_depth",

@@ -67,13 +67,18 @@ impl App {
         max_body_bytes: usize,
         store: switchyard_store::QuotaStore,
     ) -> Arc<App> {
+        let idempotency = Arc::new(crate::idempotency::Idempotency::new(
+            DEFAULT_IDEMPOTENCY_TTL,
+        ));
+        if store.mode() != switchyard_store::StoreMode::InProcess {
+            // Keys, in-flight markers and answers shared by every replica (issue 14).
+            idempotency.share_through(store.clone());
+        }
         Arc::new(App {
             broker: crate::broker::Broker::new(store),
             calibrations: crate::estimate::RouteCalibrations::new(),
             warmed: std::sync::atomic::AtomicBool::new(false),
-            idempotency: Arc::new(crate::idempotency::Idempotency::new(
-                DEFAULT_IDEMPOTENCY_TTL,
-            )),
+            idempotency,
             runtime,
             metrics: Metrics::new(),
             clock: Clock::new(),
@@ -210,6 +215,9 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
     app.metrics
         .reservations_in_flight
         .set(i64::try_from(store.in_flight()).unwrap_or(i64::MAX));
+    app.metrics
+        .replay_pending
+        .set(i64::try_from(store.replay_pending()).unwrap_or(i64::MAX));
     let mode = store.mode();
     for m in [
         switchyard_store::StoreMode::InProcess,

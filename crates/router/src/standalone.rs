@@ -110,6 +110,10 @@ pub async fn run(
     let control = tokio::spawn(crate::control::run(app.clone()));
     // Active health probes of providers with `healthCheck.enabled` (idle when none is).
     let probes = tokio::spawn(crate::probe::run_for_app(app.clone()));
+    let persistence = tokio::spawn(crate::broker::watch_persistence(
+        app.clone(),
+        Duration::from_secs(60),
+    ));
     let watcher = options.watch.then(|| {
         tokio::spawn(watch(
             app.clone(),
@@ -122,6 +126,7 @@ pub async fn run(
     let served = server::serve(app, listener, shutdown).await;
     control.abort();
     probes.abort();
+    persistence.abort();
     if let Some(w) = watcher {
         w.abort();
     }

@@ -23,11 +23,21 @@
 //! millisecond resolution; window boundaries follow the caller's wall clock, so replicas
 //! must agree on the time within a window (a lagging replica never reopens a closed window).
 //!
-//! **Abandoned reservations.** A reservation record is a string with a TTL and its concurrency slots
-//! are members of a sorted set scored by expiry, pruned on every check, so a replica that
-//! dies with reservations open frees their slots by itself; the estimate stays charged (as
-//! core's [`Ledger::expire`](switchyard_core::quota::Ledger::expire)). A [`Ticket`] dropped
-//! without being settled is released with its estimate kept (field case 13).
+//! **Owned reservations (issue 14).** Every Redis reservation carries an id chosen before its
+//! script is sent. If the caller's future is dropped mid-call, or the call fails or times out,
+//! a guard cancels that id (at once on a task, or queued for replay while Redis is away). A
+//! cancel leaves a tombstone for the reservation's TTL that the reservation script checks, so
+//! a cancel that reaches Redis before its reservation (a reconnect, a frozen server) still
+//! wins: nothing is debited.
+//!
+//! **Abandoned reservations.** A reservation record is a string with a TTL. Its concurrency
+//! slots are members of a sorted set scored by expiry, pruned on every check, and *leased*:
+//! each lapses [`RedisOptions::slot_lease`] (default 4 s) after it was last renewed, and the
+//! owning store renews all its live slots every quarter lease in one script per 512 slots
+//! (only while the record exists, never past its expiry). So a replica that dies (`kill -9`)
+//! frees its slots within one lease; its estimates stay charged (as core's
+//! [`Ledger::expire`](switchyard_core::quota::Ledger::expire)). A [`Ticket`] dropped without
+//! being settled is released with its estimate kept (field case 13).
 //!
 //! **Outage fallback and its bound (field case 10).** When a Redis call fails or exceeds the
 //! op timeout (default 50 ms), the store switches to [`StoreMode::LocalFallback`]: it serves
@@ -40,10 +50,11 @@
 //! other admitted. Token buckets: over any interval `t` the outage part admits at most
 //! `R · ⌈C / s⌉ · (1 + t / P)`. Concurrency: at most `R · ⌈L / s⌉` local slots plus the Redis
 //! slots still held when the outage began. Tickets issued by Redis and settled during the
-//! outage are not credited back (their estimate stays charged, their slots expire with the
-//! TTL); fallback tickets settle against the local ledger even after Redis returns. A reservation
-//! that timed out may still be applied by a slow Redis: its slots free themselves at the TTL and
-//! its estimate stays charged, so a timeout errs on the side of the limit.
+//! outage are queued (at most 100,000, oldest dropped first) and replayed in order when Redis
+//! answers again, before the store switches back; fallback tickets settle against the local
+//! ledger even after Redis returns. A reservation that timed out may still be applied by a
+//! slow or frozen Redis: a cancel of its id is queued with the replays, so it is credited back
+//! and its slot freed as soon as Redis is back.
 //!
 //! **Shared signals (field case 8).** Retry-After pauses and open breakers are deadlines in one
 //! Redis hash that only ever move later (a shorter pause never shortens a longer one, field
@@ -62,7 +73,8 @@ mod local;
 mod remote;
 mod signals;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -137,6 +149,10 @@ pub struct RedisOptions {
     pub probe_interval: Duration,
     /// Longest wait for the first connection and subscription (default 2 s).
     pub connect_timeout: Duration,
+    /// How long a concurrency slot stays taken without renewal (default 4 s). The owning
+    /// replica renews its live slots every quarter of this, so the slots of a replica that
+    /// died come back within one lease instead of at the reservation's expiry.
+    pub slot_lease: Duration,
 }
 
 impl RedisOptions {
@@ -149,8 +165,69 @@ impl RedisOptions {
             local_share: 1,
             probe_interval: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(2),
+            slot_lease: DEFAULT_SLOT_LEASE,
         }
     }
+}
+
+/// Default [`RedisOptions::slot_lease`].
+pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(4);
+
+/// Settlements and cancels waiting for Redis to come back, at most (the oldest are dropped
+/// beyond, counted in [`QuotaStore::replay_dropped`]; their reservations expire by TTL).
+const REPLAY_CAP: usize = 100_000;
+
+/// Concurrency slots renewed per script call (one round trip each).
+const RENEW_BATCH: usize = 512;
+
+/// A settlement or cancel that could not reach Redis, replayed when it answers again.
+#[derive(Debug)]
+struct Replay {
+    id: String,
+    /// Every bucket of the reservation and the units really used (`None` keeps the estimate).
+    charges: SmallVec<[(Arc<BucketSpec>, Option<u64>); 6]>,
+    /// Non-zero for a cancel of a reservation whose answer never arrived: the id is marked
+    /// cancelled this long, so a reservation that Redis runs even later debits nothing.
+    tombstone: Duration,
+}
+
+/// What the configured Redis persists ([`QuotaStore::persistence`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Persistence {
+    /// RDB snapshots are scheduled (`CONFIG GET save` is not empty).
+    pub snapshots: bool,
+    /// The append-only file is on (`CONFIG GET appendonly` is `yes`).
+    pub append_only: bool,
+}
+
+impl Persistence {
+    /// Whether a restart keeps bucket levels (either mechanism is on; a snapshot may still
+    /// lose the writes since the last one).
+    pub fn persists(self) -> bool {
+        self.snapshots || self.append_only
+    }
+}
+
+/// What the shared store knows about an `Idempotency-Key` ([`QuotaStore::idempotency_claim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedClaim {
+    /// The key was free and is now taken by the caller: run the request.
+    Run,
+    /// The key is held for another request (another fingerprint).
+    Reused,
+    /// A request with this key is running on some replica.
+    InFlight,
+    /// A request with this key was a stream: not to be sent again.
+    Streamed,
+    /// The stored answer: HTTP status, headers as the caller encoded them, body.
+    Done {
+        /// HTTP status code.
+        status: u16,
+        /// The caller's encoding of the headers (opaque here).
+        headers: Vec<u8>,
+        /// The body.
+        body: Vec<u8>,
+    },
 }
 
 /// A quota store shared by a router's request handlers: cheap to clone (an `Arc` inside),
@@ -167,6 +244,12 @@ struct Shared {
     mode: watch::Sender<StoreMode>,
     signals: LocalSignals,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Settlements and cancels made while Redis was unreachable (Redis backend only).
+    replay: Mutex<VecDeque<Replay>>,
+    replay_dropped: AtomicU64,
+    /// Concurrency buckets of this replica's live Redis reservations, by reservation id: the
+    /// slots the renewal task keeps leased.
+    leases: Mutex<HashMap<String, SmallVec<[Arc<BucketSpec>; 2]>>>,
 }
 
 impl Drop for Shared {
@@ -191,6 +274,7 @@ struct RedisBackend {
     share: u32,
     probe_interval: Duration,
     probing: AtomicBool,
+    slot_lease: Duration,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -278,7 +362,11 @@ impl Drop for Ticket {
                     handle.spawn(settle_live(live, Settle::KeepEstimate));
                 }
                 Err(_) => {
-                    // No runtime to talk to Redis: the record and its slots expire by TTL.
+                    // No runtime to talk to Redis: the record expires by TTL, its slots with
+                    // their lease.
+                    if let Issued::Redis(id) = &live.issued {
+                        lock(&live.shared.leases).remove(id);
+                    }
                     live.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
                 }
             },
@@ -304,27 +392,103 @@ async fn settle_live(live: Live, how: Settle) {
         settle_local(live, how);
         return;
     };
-    if let Backend::Redis(r) = &live.shared.backend
-        && *live.shared.mode.borrow() == StoreMode::Redis
-    {
-        let asks: SmallVec<[Ask<'_>; 6]> = live
-            .charges
-            .iter()
-            .map(|(spec, _)| Ask {
-                spec,
-                amount: match how {
-                    Settle::Actual(u) => Some(spec.usage_amount(&u, &live.demand)),
-                    Settle::KeepEstimate => None,
-                    Settle::Nothing => Some(0),
-                },
-            })
-            .collect();
-        if let Err(e) = r.remote.settle(id, &asks, wall_now()).await {
-            enter_fallback(&live.shared, r, "settle", &e);
+    lock(&live.shared.leases).remove(id);
+    if let Backend::Redis(r) = &live.shared.backend {
+        let replay = Replay {
+            id: id.clone(),
+            charges: live
+                .charges
+                .iter()
+                .map(|(spec, _)| {
+                    let amount = match how {
+                        Settle::Actual(u) => Some(spec.usage_amount(&u, &live.demand)),
+                        Settle::KeepEstimate => None,
+                        Settle::Nothing => Some(0),
+                    };
+                    (Arc::clone(spec), amount)
+                })
+                .collect(),
+            tombstone: Duration::ZERO,
+        };
+        send_or_queue(&live.shared, r, replay, "settle").await;
+    }
+    live.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Sends a settlement or cancel to Redis; while Redis is unreachable (or when this call
+/// fails) it is queued and replayed when Redis answers again, so a short outage neither keeps
+/// slots taken nor estimates charged.
+async fn send_or_queue(shared: &Arc<Shared>, r: &RedisBackend, replay: Replay, op: &str) {
+    if *shared.mode.borrow() == StoreMode::Redis {
+        match send_replay(r, &replay).await {
+            Ok(()) => return,
+            Err(e) => enter_fallback(shared, r, op, &e),
         }
     }
-    // In fallback the record cannot be reached: it expires with its TTL, estimate kept.
-    live.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+    queue_replay(shared, replay);
+}
+
+async fn send_replay(r: &RedisBackend, replay: &Replay) -> Result<(), StoreError> {
+    let asks: SmallVec<[Ask<'_>; 6]> = replay
+        .charges
+        .iter()
+        .map(|(spec, amount)| Ask {
+            spec,
+            amount: *amount,
+        })
+        .collect();
+    r.remote
+        .settle(&replay.id, &asks, replay.tombstone, wall_now())
+        .await
+        .map(|_| ())
+}
+
+fn queue_replay(shared: &Shared, replay: Replay) {
+    let mut q = lock(&shared.replay);
+    if q.len() >= REPLAY_CAP {
+        q.pop_front();
+        shared.replay_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+    q.push_back(replay);
+}
+
+/// A reservation sent to Redis whose answer has not been read. Dropped armed (the caller's
+/// future was dropped mid-call, or the call failed), it cancels the id: at once on a task
+/// when Redis is reachable, else queued for replay. The cancel leaves a tombstone, so it wins
+/// even if Redis runs the reservation script after it.
+struct Pending {
+    shared: Arc<Shared>,
+    replay: Option<Replay>,
+}
+
+impl Pending {
+    fn disarm(mut self) {
+        self.replay = None;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(replay) = self.replay.take() else {
+            return;
+        };
+        if *self.shared.mode.borrow() != StoreMode::Redis {
+            // Redis is away: queued at once, replayed when it answers.
+            queue_replay(&self.shared, replay);
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Backend::Redis(r) = &shared.backend {
+                        send_or_queue(&shared, r, replay, "cancel").await;
+                    }
+                });
+            }
+            Err(_) => queue_replay(&shared, replay),
+        }
+    }
 }
 
 /// Switches to the local fallback (once per outage) and starts the probe that switches back.
@@ -356,11 +520,60 @@ async fn probe(weak: Weak<Shared>, every: Duration) {
         let Backend::Redis(r) = &shared.backend else {
             return;
         };
-        if r.remote.ping().await.is_ok() {
+        if r.remote.ping().await.is_ok() && drain_replays(&shared, r).await {
             r.probing.store(false, Ordering::Release);
             shared.mode.send_replace(StoreMode::Redis);
             tracing::info!("quota store: redis answers again, back to shared buckets");
             return;
+        }
+    }
+}
+
+/// Replays queued settlements and cancels in order; `false` (the rest kept) at the first that
+/// fails.
+async fn drain_replays(shared: &Shared, r: &RedisBackend) -> bool {
+    let mut sent = 0usize;
+    loop {
+        let Some(next) = lock(&shared.replay).pop_front() else {
+            if sent > 0 {
+                tracing::info!(
+                    sent,
+                    "quota store: settlements made during the outage replayed"
+                );
+            }
+            return true;
+        };
+        if let Err(e) = send_replay(r, &next).await {
+            lock(&shared.replay).push_front(next);
+            tracing::debug!(error = %e, sent, "quota store: replay interrupted; retrying at the next probe");
+            return false;
+        }
+        sent += 1;
+    }
+}
+
+/// Keeps this replica's live concurrency slots leased: every quarter lease, one script call
+/// per [`RENEW_BATCH`] slots. Failures are ignored (the next round retries; a slot pruned
+/// meanwhile is added back while its reservation lives).
+async fn renew_leases(weak: Weak<Shared>, lease: Duration) {
+    let every = (lease / 4).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(shared) = weak.upgrade() else { return };
+        let Backend::Redis(r) = &shared.backend else {
+            return;
+        };
+        let slots: Vec<(String, Arc<BucketSpec>)> = lock(&shared.leases)
+            .iter()
+            .flat_map(|(id, specs)| specs.iter().map(|s| (id.clone(), Arc::clone(s))))
+            .collect();
+        for chunk in slots.chunks(RENEW_BATCH) {
+            let pairs: Vec<(&str, &BucketSpec)> =
+                chunk.iter().map(|(id, s)| (id.as_str(), &**s)).collect();
+            if let Err(e) = r.remote.renew(&pairs, lease).await {
+                tracing::debug!(error = %e, "quota store: slot lease renewal failed; retrying");
+                break;
+            }
         }
     }
 }
@@ -398,6 +611,24 @@ fn tightest_of(specs: &[Arc<BucketSpec>], figures: &[RateFigures]) -> Option<(us
     best
 }
 
+/// A refusal that names no bucket (the store could not say which).
+fn store_refusal(wait: Wait) -> Refusal {
+    Refusal {
+        bucket: BucketId::from_index(0),
+        key: String::new(),
+        scope: switchyard_core::quota::Scope::Tenant(String::new()),
+        dimension: switchyard_core::quota::Dimension::Requests,
+        reason: "quota_store_error".into(),
+        wait,
+        demanded: 0,
+        figures: RateFigures {
+            limit: 0,
+            remaining: 0,
+            reset_after: Duration::ZERO,
+        },
+    }
+}
+
 fn micros(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
@@ -419,6 +650,9 @@ impl QuotaStore {
                 mode: watch::Sender::new(mode),
                 signals: LocalSignals::new(),
                 tasks: Mutex::new(Vec::new()),
+                replay: Mutex::new(VecDeque::new()),
+                replay_dropped: AtomicU64::new(0),
+                leases: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -433,7 +667,8 @@ impl QuotaStore {
         let client = redis::Client::open(opts.url.as_str()).map_err(StoreError::Url)?;
         let cfg = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
-            .set_response_timeout(Some(opts.connect_timeout))
+            // The op timeout governs each call (ours fires first when it is shorter).
+            .set_response_timeout(Some(opts.connect_timeout.max(opts.op_timeout)))
             .set_number_of_retries(1);
         let conn = match tokio::time::timeout(
             opts.connect_timeout,
@@ -454,9 +689,15 @@ impl QuotaStore {
                 share,
                 probe_interval: opts.probe_interval,
                 probing: AtomicBool::new(false),
+                slot_lease: opts.slot_lease.max(Duration::from_millis(40)),
             }),
             StoreMode::Redis,
         );
+        let renew = tokio::spawn(renew_leases(
+            Arc::downgrade(&store.shared),
+            opts.slot_lease.max(Duration::from_millis(40)),
+        ));
+        lock(&store.shared.tasks).push(renew.abort_handle());
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(signals::listen(
             Arc::downgrade(&store.shared),
@@ -498,6 +739,16 @@ impl QuotaStore {
                 let specs = unique(buckets);
                 match self.reserve_redis(r, &specs, demand, ttl).await? {
                     (Issued::Redis(id), tightest) => {
+                        let slots: SmallVec<[Arc<BucketSpec>; 2]> = specs
+                            .iter()
+                            .filter(|s| {
+                                matches!(s.rule, switchyard_core::quota::Rule::Concurrency { .. })
+                            })
+                            .cloned()
+                            .collect();
+                        if !slots.is_empty() {
+                            lock(&self.shared.leases).insert(id.clone(), slots);
+                        }
                         let charges = specs
                             .into_iter()
                             .map(|s| {
@@ -549,9 +800,30 @@ impl QuotaStore {
                     amount: Some(s.demand_amount(&demand)),
                 })
                 .collect();
+            // The id is chosen before the script is sent: whatever happens to this call (its
+            // future dropped, a timeout, a lost answer), the reservation can be cancelled by id.
             let id = r.remote.next_id();
-            match r.remote.reserve(&id, &asks, ttl, wall_now()).await {
+            let pending = Pending {
+                shared: Arc::clone(&self.shared),
+                replay: Some(Replay {
+                    id: id.clone(),
+                    charges: valid.iter().map(|s| (Arc::clone(s), Some(0))).collect(),
+                    tombstone: ttl.max(Duration::from_secs(1)),
+                }),
+            };
+            let reply = r
+                .remote
+                .reserve(&id, &asks, ttl, r.slot_lease, wall_now())
+                .await;
+            match reply {
+                Ok(Reply::Cancelled) => {
+                    // Only a cancel of this very id leaves its tombstone: never while this call
+                    // is alive. Nothing was debited.
+                    pending.disarm();
+                    return Err(Box::new(store_refusal(Wait::OnRelease)));
+                }
                 Ok(Reply::Admitted(figures)) => {
+                    pending.disarm();
                     let tightest = tightest_of(&valid, &figures).and_then(|(i, f)| {
                         let key = &valid.get(i)?.key;
                         Some((specs.iter().position(|o| o.key == *key)?, f))
@@ -559,6 +831,7 @@ impl QuotaStore {
                     return Ok((Issued::Redis(id), tightest));
                 }
                 Ok(Reply::Refused(refused)) => {
+                    pending.disarm();
                     let spec = valid.get(refused.index).or(valid.first());
                     let pos = spec
                         .and_then(|s| specs.iter().position(|o| o.key == s.key))
@@ -583,25 +856,15 @@ impl QuotaStore {
                                 reset_after: micros(refused.reset_us),
                             },
                         },
-                        None => {
-                            return Err(Box::new(Refusal {
-                                bucket: BucketId::from_index(0),
-                                key: String::new(),
-                                scope: switchyard_core::quota::Scope::Tenant(String::new()),
-                                dimension: switchyard_core::quota::Dimension::Requests,
-                                reason: "quota_store_error".into(),
-                                wait,
-                                demanded: 0,
-                                figures: RateFigures {
-                                    limit: 0,
-                                    remaining: 0,
-                                    reset_after: Duration::ZERO,
-                                },
-                            }));
-                        }
+                        None => return Err(Box::new(store_refusal(wait))),
                     }));
                 }
-                Err(e) => enter_fallback(&self.shared, r, "reserve", &e),
+                Err(e) => {
+                    // The script may still run (a slow or frozen Redis): the armed guard
+                    // queues a cancel of this id, replayed when Redis answers again.
+                    enter_fallback(&self.shared, r, "reserve", &e);
+                    drop(pending);
+                }
             }
         }
         let (id, tightest) = lock(&r.fallback).reserve(specs, demand, ttl)?;
@@ -702,6 +965,138 @@ impl QuotaStore {
     /// ticket counts until its spawned release has finished).
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Claims an `Idempotency-Key` (already scoped by the caller, e.g. tenant and key) in the
+    /// shared store for `owner` (a replica-unique id), so a retry that lands on another replica
+    /// finds it. An in-flight marker lives at most `in_flight`, so a replica that died while
+    /// running the request does not hold the key longer.
+    ///
+    /// `None` for the in-process store, in fallback, or when Redis fails (the caller keeps to
+    /// its own replica's table: Redis trouble never blocks a request).
+    pub async fn idempotency_claim(
+        &self,
+        key: &str,
+        fingerprint: u64,
+        owner: &str,
+        in_flight: Duration,
+    ) -> Option<SharedClaim> {
+        let fp = format!("{fingerprint:x}");
+        let ttl = in_flight.as_millis().max(1).to_string();
+        let reply = self
+            .idempotency(
+                key,
+                &[b"claim", fp.as_bytes(), owner.as_bytes(), ttl.as_bytes()],
+            )
+            .await?;
+        let mut it = reply.into_iter();
+        let tag = it.next()?;
+        Some(match tag.as_slice() {
+            b"run" => SharedClaim::Run,
+            b"reused" => SharedClaim::Reused,
+            b"F" => SharedClaim::InFlight,
+            b"S" => SharedClaim::Streamed,
+            b"done" => {
+                let status = std::str::from_utf8(&it.next()?).ok()?.parse().ok()?;
+                SharedClaim::Done {
+                    status,
+                    headers: it.next()?,
+                    body: it.next()?,
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    /// Stores the answer of a claimed key for `ttl` (only the owner's write is kept).
+    /// Returns whether it was stored.
+    pub async fn idempotency_done(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+        status: u16,
+        headers: &[u8],
+        body: &[u8],
+    ) -> bool {
+        let ttl = ttl.as_millis().max(1).to_string();
+        let status = status.to_string();
+        let args: [&[u8]; 6] = [
+            b"done",
+            owner.as_bytes(),
+            ttl.as_bytes(),
+            status.as_bytes(),
+            headers,
+            body,
+        ];
+        self.idempotency(key, &args)
+            .await
+            .is_some_and(|r| r.first().is_some_and(|t| t == b"ok"))
+    }
+
+    /// Marks a claimed key as a stream for `ttl`: later claims answer [`SharedClaim::Streamed`].
+    pub async fn idempotency_streamed(&self, key: &str, owner: &str, ttl: Duration) {
+        let ttl = ttl.as_millis().max(1).to_string();
+        let _ = self
+            .idempotency(key, &[b"streamed", owner.as_bytes(), ttl.as_bytes()])
+            .await;
+    }
+
+    /// Frees a claimed key whose request failed or was abandoned (only its owner may).
+    pub async fn idempotency_forget(&self, key: &str, owner: &str) {
+        let _ = self.idempotency(key, &[b"forget", owner.as_bytes()]).await;
+    }
+
+    async fn idempotency(&self, key: &str, args: &[&[u8]]) -> Option<Vec<Vec<u8>>> {
+        let Backend::Redis(r) = &self.shared.backend else {
+            return None;
+        };
+        if *self.shared.mode.borrow() != StoreMode::Redis {
+            return None;
+        }
+        match r.remote.idempotency(key, args).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::debug!(error = %e, "idempotency: shared store unavailable, this replica's table only");
+                None
+            }
+        }
+    }
+
+    /// Settlements and cancels waiting for Redis to answer again (0 for the in-process store).
+    pub fn replay_pending(&self) -> usize {
+        lock(&self.shared.replay).len()
+    }
+
+    /// Queued settlements dropped because the queue was full ([`REPLAY_CAP`]); their
+    /// reservations expire by TTL with their estimates kept.
+    pub fn replay_dropped(&self) -> u64 {
+        self.shared.replay_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Concurrency slots this replica keeps leased in Redis (live Redis reservations).
+    pub fn leased(&self) -> usize {
+        lock(&self.shared.leases).values().map(SmallVec::len).sum()
+    }
+
+    /// What the configured Redis persists; `None` for the in-process store or when Redis does
+    /// not say (`CONFIG` renamed or forbidden, as on some managed services, or unreachable).
+    /// A Redis that persists nothing loses every bucket on restart: the docs list which limit
+    /// kinds that matters for (docs/broker.md, "Redis persistence").
+    pub async fn persistence(&self) -> Option<Persistence> {
+        let Backend::Redis(r) = &self.shared.backend else {
+            return None;
+        };
+        match r.remote.persistence().await {
+            Ok((snapshots, append_only)) => Some(Persistence {
+                snapshots,
+                append_only,
+            }),
+            Err(e) => {
+                tracing::debug!(error = %e, "quota store: redis persistence settings unreadable");
+                None
+            }
+        }
     }
 
     /// Live reservations in the local ledger (in process, or the fallback ledger), after

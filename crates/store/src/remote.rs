@@ -6,7 +6,9 @@
 //! writes them), `{p}:c:<bucket key>` sorted set of reservation ids scored by expiry
 //! (concurrency),
 //! `{p}:r:<reservation id>` string `amount:epoch,...` of what was debited per bucket (expires with the
-//! reservation), `{p}:signals` hash of shared deadlines, published on channel `{p}:signals`.
+//! reservation), `{p}:x:<reservation id>` tombstone of a cancelled id (a reservation script
+//! that finds it debits nothing), `{p}:signals` hash of shared deadlines, published on channel
+//! `{p}:signals`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +34,8 @@ pub(crate) enum Reply {
     Admitted(Vec<RateFigures>),
     /// Nothing debited; the binding bucket.
     Refused(Refused),
+    /// Nothing debited: the id had been cancelled before the script ran (its tombstone).
+    Cancelled,
 }
 
 /// The binding bucket of a refused reservation, as the script reports it.
@@ -58,6 +62,8 @@ pub(crate) struct Remote {
     settle: Script,
     figures: Script,
     signal: Script,
+    renew: Script,
+    idempotency: Script,
     op_timeout: Duration,
     instance: u64,
     seq: AtomicU64,
@@ -83,6 +89,9 @@ impl Remote {
             settle: script(include_str!("lua/settle.lua")),
             figures: script(include_str!("lua/figures.lua")),
             signal: script(include_str!("lua/signal.lua")),
+            renew: script(include_str!("lua/renew.lua")),
+            // Plain script: it needs none of the bucket arithmetic.
+            idempotency: Script::new(include_str!("lua/idempotency.lua")),
             op_timeout,
             instance: rand::random(),
             seq: AtomicU64::new(0),
@@ -108,6 +117,10 @@ impl Remote {
         format!("{}:r:{id}", self.tag)
     }
 
+    fn tomb_key(&self, id: &str) -> String {
+        format!("{}:x:{id}", self.tag)
+    }
+
     async fn run<T: redis::FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,
@@ -123,40 +136,50 @@ impl Remote {
     fn push_buckets(
         &self,
         inv: &mut ScriptInvocation<'_>,
-        record: &str,
+        id: &str,
         asks: &[Ask<'_>],
         head: &[String],
+        lease: Duration,
         wall: DateTime<Utc>,
     ) {
-        inv.key(record);
+        inv.key(self.record_key(id));
         inv.key(&self.state_key);
         for a in asks {
             inv.key(self.bucket_key(a.spec));
         }
+        inv.key(self.tomb_key(id));
         for h in head {
             inv.arg(h);
         }
         for a in asks {
-            for v in group(a, wall) {
+            let mut g = group(a, wall);
+            if !lease.is_zero() && matches!(a.spec.rule, Rule::Concurrency { .. }) {
+                // The slot lease travels in the concurrency group's first free slot (b+3).
+                g[3] = clamp_i64(millis(lease));
+            }
+            for v in g {
                 inv.arg(v);
             }
         }
     }
 
     /// Runs the reservation script; when admitted, the reservation is recorded under `id`.
+    /// Concurrency slots are leased for `lease` (renewed by [`Remote::renew`]).
     pub(crate) async fn reserve(
         &self,
         id: &str,
         asks: &[Ask<'_>],
         ttl: Duration,
+        lease: Duration,
         wall: DateTime<Utc>,
     ) -> Result<Reply, StoreError> {
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ttl_ms = millis(ttl);
         let mut inv = self.reserve.prepare_invoke();
         let head = [asks.len().to_string(), id.to_owned(), ttl_ms.to_string()];
-        self.push_buckets(&mut inv, &self.record_key(id), asks, &head, wall);
+        self.push_buckets(&mut inv, id, asks, &head, lease, wall);
         let reply: Vec<i64> = self.run(&inv).await?;
         match reply.as_slice() {
+            [2] => Ok(Reply::Cancelled),
             [1, figures @ ..] if figures.len() == 3 * asks.len() => Ok(Reply::Admitted(
                 figures
                     .chunks_exact(3)
@@ -181,18 +204,87 @@ impl Remote {
         }
     }
 
-    /// Runs the settlement script; `Ok(false)` when the record had already expired.
+    /// Runs the settlement script; `Ok(false)` when the record had already expired (or the
+    /// reservation never landed). A non-zero `tombstone` also marks the id cancelled for that
+    /// long, so a reservation script for it that Redis runs later debits nothing.
     pub(crate) async fn settle(
         &self,
         id: &str,
         asks: &[Ask<'_>],
+        tombstone: Duration,
         wall: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let mut inv = self.settle.prepare_invoke();
-        let head = [asks.len().to_string(), id.to_owned(), "0".to_owned()];
-        self.push_buckets(&mut inv, &self.record_key(id), asks, &head, wall);
+        let tomb = if tombstone.is_zero() {
+            0
+        } else {
+            millis(tombstone)
+        };
+        let head = [asks.len().to_string(), id.to_owned(), tomb.to_string()];
+        self.push_buckets(&mut inv, id, asks, &head, Duration::ZERO, wall);
         let reply: i64 = self.run(&inv).await?;
         Ok(reply == 1)
+    }
+
+    /// Renews the concurrency slots of live reservations, in one script: `(reservation id,
+    /// concurrency bucket)` pairs, each slot to `lease` from now (never past its record's
+    /// expiry). Returns how many were renewed.
+    pub(crate) async fn renew(
+        &self,
+        slots: &[(&str, &BucketSpec)],
+        lease: Duration,
+    ) -> Result<i64, StoreError> {
+        let mut inv = self.renew.prepare_invoke();
+        inv.arg(millis(lease));
+        for (id, spec) in slots {
+            inv.key(self.record_key(id));
+            inv.key(self.bucket_key(spec));
+            inv.arg(*id);
+        }
+        self.run(&inv).await
+    }
+
+    /// Runs the idempotency script on key `{p}:i:<key>` with `args` (see
+    /// `lua/idempotency.lua`); answers its reply as byte strings.
+    pub(crate) async fn idempotency(
+        &self,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut inv = self.idempotency.prepare_invoke();
+        inv.key(format!("{}:i:{key}", self.tag));
+        for a in args {
+            inv.arg(*a);
+        }
+        self.run(&inv).await
+    }
+
+    /// What the server persists: `(snapshots, append-only file)` from `CONFIG GET save` (a
+    /// non-empty schedule) and `CONFIG GET appendonly` (`yes`).
+    ///
+    /// Errors: the commands failed (managed Redis services often rename or forbid `CONFIG`).
+    pub(crate) async fn persistence(&self) -> Result<(bool, bool), StoreError> {
+        let mut conn = self.conn.clone();
+        let get = |name: &'static str| {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("GET").arg(name);
+            cmd
+        };
+        let save = get("save");
+        let aof = get("appendonly");
+        let ask = async {
+            let s: HashMap<String, String> = save.query_async(&mut conn).await?;
+            let a: HashMap<String, String> = aof.query_async(&mut conn).await?;
+            Ok::<_, redis::RedisError>((s, a))
+        };
+        match tokio::time::timeout(self.op_timeout.max(Duration::from_secs(1)), ask).await {
+            Ok(Ok((s, a))) => Ok((
+                s.get("save").is_some_and(|v| !v.trim().is_empty()),
+                a.get("appendonly").is_some_and(|v| v == "yes"),
+            )),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+        }
     }
 
     /// Figures of one bucket; with `correct = Some((remaining, reset))`, lowers it first to
@@ -311,6 +403,10 @@ fn group(ask: &Ask<'_>, wall: DateTime<Utc>) -> [i64; GROUP] {
     }
 }
 
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 /// Kinds travel as the characters `T`, `W`, `C`; redis-rs sends an i64 as its decimal string,
 /// so the kind goes as a number that the scripts compare against the character code.
 const fn kind(c: u8) -> i64 {
@@ -344,6 +440,64 @@ pub(crate) fn token_ticks(capacity: u64, period: Duration) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use switchyard_core::quota::{Dimension, Scope};
+
+    /// A cancel that reaches Redis before its reservation wins: the reservation script finds
+    /// the tombstone and debits nothing (the order a reconnect or a second connection allows).
+    #[tokio::test]
+    async fn cancel_overtaking_its_reservation_wins() {
+        let server = switchyard_testkit::RedisServer::start().unwrap();
+        let client = redis::Client::open(server.url()).unwrap();
+        let conn = client.get_connection_manager().await.unwrap();
+        let remote = Remote::new(conn, "tomb", Duration::from_secs(2));
+        let slots = Arc::new(BucketSpec {
+            key: "t/conc".into(),
+            scope: Scope::Tenant("t".into()),
+            dimension: Dimension::Concurrency,
+            rule: Rule::Concurrency { limit: 1 },
+            count_cached_input: false,
+        });
+        let wall = Utc::now();
+        let id = remote.next_id();
+        let cancel = [Ask {
+            spec: &slots,
+            amount: Some(0),
+        }];
+        let settled = remote
+            .settle(&id, &cancel, Duration::from_secs(30), wall)
+            .await
+            .unwrap();
+        assert!(!settled, "nothing to settle yet");
+        let ask = [Ask {
+            spec: &slots,
+            amount: Some(1),
+        }];
+        let lease = Duration::from_secs(4);
+        let ttl = Duration::from_secs(30);
+        let late = remote.reserve(&id, &ask, ttl, lease, wall).await.unwrap();
+        assert!(matches!(late, Reply::Cancelled), "{late:?}");
+        let (limit, remaining, _, _) = remote.figures(&slots, None, wall).await.unwrap();
+        assert_eq!((limit, remaining), (1, 1), "the slot was never taken");
+        // Another id is admitted as usual, and its slot is leased.
+        let other = remote.next_id();
+        let admitted = remote
+            .reserve(&other, &ask, ttl, lease, wall)
+            .await
+            .unwrap();
+        assert!(matches!(admitted, Reply::Admitted(_)), "{admitted:?}");
+        assert_eq!(
+            remote
+                .renew(&[(other.as_str(), &slots)], lease)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            remote.renew(&[(id.as_str(), &slots)], lease).await.unwrap(),
+            0
+        );
+    }
 
     #[test]
     fn token_ticks_large_daily_capacity_coarsens_refill() {

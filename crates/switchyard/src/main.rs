@@ -260,6 +260,11 @@ struct RedisArgs {
     /// instead (e.g. `50ms`, `1s`).
     #[arg(long, env = "SWITCHYARD_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
     redis_timeout: std::time::Duration,
+    /// How long a concurrency slot held in Redis stays taken without renewal; each replica
+    /// renews its live slots every quarter of this, so a replica that dies frees its slots
+    /// within one lease (e.g. `4s`).
+    #[arg(long, env = "SWITCHYARD_REDIS_SLOT_LEASE", default_value = "4s", value_parser = parse_duration)]
+    redis_slot_lease: std::time::Duration,
 }
 
 impl RedisArgs {
@@ -268,6 +273,7 @@ impl RedisArgs {
         self.redis_url.map(|url| switchyard_store::RedisOptions {
             local_share: self.replicas.max(1),
             op_timeout: self.redis_timeout,
+            slot_lease: self.redis_slot_lease,
             ..switchyard_store::RedisOptions::new(url)
         })
     }

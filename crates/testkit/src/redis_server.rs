@@ -5,9 +5,12 @@
 //! polling sleep, and the reader thread keeps draining stdout so the server never blocks on a
 //! full pipe. The port comes from binding `127.0.0.1:0` and releasing it just before the server
 //! starts; if another process takes it in between, the start is retried on a new port.
+//! [`RedisServer::start_persistent`] keeps an append-only file in a temporary folder so a
+//! restart keeps the data.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -45,6 +48,8 @@ pub enum RedisServerError {
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// The data folder of a persistent server (removed on drop).
+    dir: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -54,14 +59,33 @@ impl RedisServer {
     /// command to install it), [`RedisServerError::NotReady`] when it does not come up within
     /// 10 s.
     pub fn start() -> Result<RedisServer, RedisServerError> {
+        Self::start_in(None)
+    }
+
+    /// Starts a server that persists every write to an append-only file
+    /// (`--appendonly yes --appendfsync always`) in a fresh temporary folder, so
+    /// [`RedisServer::restart`] (even after a kill) comes back with its data, as a production
+    /// Redis configured for durability does. The folder is removed on drop.
+    ///
+    /// Errors: as [`RedisServer::start`], or the folder cannot be created.
+    pub fn start_persistent() -> Result<RedisServer, RedisServerError> {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("switchyard-redis-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Self::start_in(Some(dir))
+    }
+
+    fn start_in(dir: Option<PathBuf>) -> Result<RedisServer, RedisServerError> {
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             let port = free_port()?;
-            match spawn_ready(port) {
+            match spawn_ready(port, dir.as_deref()) {
                 Ok(child) => {
                     return Ok(RedisServer {
                         port,
                         child: Some(child),
+                        dir,
                     });
                 }
                 Err(e @ RedisServerError::Missing(_)) => return Err(e),
@@ -135,13 +159,14 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (empty, as after a crash without persistence)
-    /// and waits until it answers `PING`. Stops it first if it is running.
+    /// Starts the server again on the same port and waits until it answers `PING`: empty, as
+    /// after a crash without persistence, or with its data for a
+    /// [`RedisServer::start_persistent`] server. Stops it first if it is running.
     ///
     /// Errors: as [`RedisServer::start`]; the port may have been taken meanwhile.
     pub fn restart(&mut self) -> Result<(), RedisServerError> {
         self.stop();
-        self.child = Some(spawn_ready(self.port)?);
+        self.child = Some(spawn_ready(self.port, self.dir.as_deref())?);
         Ok(())
     }
 }
@@ -149,6 +174,9 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -157,11 +185,20 @@ fn free_port() -> std::io::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-fn spawn_ready(port: u16) -> Result<Child, RedisServerError> {
-    let mut child = Command::new("redis-server")
-        .args(["--port", &port.to_string()])
-        .args(["--save", ""])
-        .args(["--appendonly", "no"])
+fn spawn_ready(port: u16, dir: Option<&Path>) -> Result<Child, RedisServerError> {
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &port.to_string()]).args(["--save", ""]);
+    match dir {
+        Some(d) => {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"])
+                .arg("--dir")
+                .arg(d);
+        }
+        None => {
+            cmd.args(["--appendonly", "no"]);
+        }
+    }
+    let mut child = cmd
         .args(["--bind", "127.0.0.1"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -111,6 +111,8 @@ pub(crate) struct Provider {
     /// For `vertex` and `bedrock`: the `credentials:` value written instead of the test
     /// credentials (`""` writes none, e.g. for IRSA or the metadata server).
     pub(crate) credentials: Option<String>,
+    /// `contextWindow` of every model.
+    pub(crate) context_window: Option<u32>,
 }
 
 impl Provider {
@@ -158,6 +160,7 @@ impl Provider {
             pricing: None,
             upstream: None,
             credentials: None,
+            context_window: None,
         }
     }
 
@@ -171,6 +174,12 @@ impl Provider {
     /// Sets every model's list prices (USD per million input / output tokens).
     pub(crate) fn pricing(mut self, input: &str, output: &str) -> Self {
         self.pricing = Some((input.to_owned(), output.to_owned()));
+        self
+    }
+
+    /// Sets every model's `contextWindow` (tokens).
+    pub(crate) fn context_window(mut self, tokens: u32) -> Self {
+        self.context_window = Some(tokens);
         self
     }
 
@@ -366,9 +375,12 @@ pub(crate) fn manifests(setup: &Setup, addrs: &BTreeMap<String, SocketAddr>) -> 
                 .upstream
                 .as_ref()
                 .map_or(String::new(), |u| format!(", upstreamName: \"{u}\""));
+            let window = p
+                .context_window
+                .map_or(String::new(), |w| format!(", contextWindow: {w}"));
             let _ = writeln!(
                 out,
-                "    - {{name: {m}, modalities: [{modality}]{price}{upstream}}}"
+                "    - {{name: {m}, modalities: [{modality}]{price}{upstream}{window}}}"
             );
         }
         for l in &p.extra {

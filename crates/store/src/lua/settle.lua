@@ -1,8 +1,12 @@
 -- Settle: KEYS[1] reservation record, KEYS[2] bucket state hash, KEYS[3..n+2] bucket names
--- (as reserved, same order). ARGV[1] n, ARGV[2] reservation id, then n groups whose amount
--- is the units really used (-1 keeps the estimate). Credits exactly what the record says
--- was debited. Returns 1 when settled, 0 when the record had expired or was already settled.
-local n, rid = tonumber(ARGV[1]), ARGV[2]
+-- (as reserved, same order), KEYS[n+3] the reservation's tombstone. ARGV[1] n, ARGV[2]
+-- reservation id, ARGV[3] tombstone ttl (ms, 0 = none), then n groups whose amount is the
+-- units really used (-1 keeps the estimate). Credits exactly what the record says was
+-- debited. With a tombstone ttl, a reservation script for this id that runs later debits
+-- nothing (a cancel that overtakes its reservation wins). Returns 1 when settled, 0 when the
+-- record had expired, was already settled or never landed.
+local n, rid, tomb = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if tomb > 0 then redis.call('SET', KEYS[n + 3], '1', 'PX', tomb) end
 local raw = redis.call('GETDEL', KEYS[1])
 for i = 1, n do
   if KIND[ARGV[4 + (i - 1) * GROUP]] == 'C' then redis.call('ZREM', KEYS[i + 2], rid) end
