@@ -16,7 +16,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use common::{Policy, Provider, Setup, Stack, availability_of, provider_name, serial, weight_of};
 use serde_json::{Value, json};
