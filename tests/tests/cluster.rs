@@ -286,8 +286,7 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
     let mut objects = String::new();
     for (name, key) in [
         ("anthropic-api", "api-key"),
-        ("vertex-sa", "token"),
-        ("aws-bedrock", "bearer-token"),
+        ("vertex-sa", "key.json"),
         ("acme-agents-keys", "prod"),
         ("acme-batch-keys", "nightly"),
         ("e2e-mock-creds", "api-key"),
@@ -295,6 +294,9 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
         objects.push_str(&secret_yaml(name, key, "placeholder"));
     }
     objects.push_str(&secret_yaml("e2e-keys", "default", KEY));
+    objects.push_str(&format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: aws-bedrock, namespace: {NS}}}\nstringData: {{access-key-id: placeholder, secret-access-key: placeholder}}\n"
+    ));
     objects.push_str(&format!(
         "---\napiVersion: switchyard.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: e2e-mock, namespace: {NS}}}\nspec:\n  api: openai\n  endpoint: {}\n  region: us-east-1\n  credentials: {{secretRef: {{name: e2e-mock-creds, key: api-key}}}}\n  models:\n    - {{name: e2e-chat}}\n",
         mock.base_url()

@@ -37,7 +37,6 @@ use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, SecretKeyRef};
     validation = kube::core::Rule::new("self.api != 'vertex' || (has(self.vertex) && has(self.vertex.projectId))").message("api vertex needs vertex.projectId"),
     validation = kube::core::Rule::new("!has(self.vertex) || self.api == 'vertex'").message("vertex settings are only for api vertex"),
     validation = kube::core::Rule::new("!has(self.bedrock) || self.api == 'bedrock'").message("bedrock settings are only for api bedrock"),
-    validation = kube::core::Rule::new("self.api != 'bedrock' || !has(self.credentials) || has(self.credentials.accessKeyIdRef)").message("bedrock credentials need accessKeyIdRef (secretRef holds the secret access key)"),
     validation = kube::core::Rule::new("!has(self.credentials) || ((!has(self.credentials.accessKeyIdRef) && !has(self.credentials.sessionTokenRef)) || self.api == 'bedrock')").message("credentials.accessKeyIdRef and sessionTokenRef are only for api bedrock"),
     validation = kube::core::Rule::new("self.api == 'bedrock' || self.models.all(m, !has(m.bedrockApi))").message("models[].bedrockApi is only for api bedrock"),
 )]
@@ -118,7 +117,8 @@ pub enum ProviderApi {
 )]
 pub struct ProviderCredentials {
     /// Secret key holding the credential: the API key (`openai`, `anthropic`), the
-    /// service-account JSON key (`vertex`), or the secret access key (`bedrock`).
+    /// service-account JSON key (`vertex`), or for `bedrock` the secret access key (with
+    /// `accessKeyIdRef`) or, alone, a Bedrock API key (sent as a bearer token, no SigV4).
     pub secret_ref: SecretKeyRef,
     /// `bedrock` only: key of the same Secret holding the access key id.
     #[serde(default, skip_serializing_if = "Option::is_none")]

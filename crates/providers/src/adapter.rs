@@ -205,14 +205,6 @@ pub fn check_spec(spec: &LLMProviderSpec) -> Result<(), String> {
                     "spec.region {region:?} is not an AWS region name (such as us-east-1)"
                 ));
             }
-            if let Some(c) = &spec.credentials
-                && c.access_key_id_ref.is_none()
-            {
-                return Err(
-                    "spec.credentials.accessKeyIdRef is required for api bedrock (secretRef holds the secret access key)"
-                        .to_owned(),
-                );
-            }
         }
     }
     Ok(())

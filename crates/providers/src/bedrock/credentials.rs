@@ -44,10 +44,11 @@ impl std::fmt::Debug for Keys {
 }
 
 /// Where a Bedrock provider's keys come from.
-#[derive(Debug)]
 pub enum CredentialSource {
     /// Keys from the Secret.
     Fixed(Keys),
+    /// A Bedrock API key from the Secret: a bearer token instead of a signature.
+    ApiKey(String),
     /// IRSA.
     WebIdentity(WebIdentity),
 }
@@ -68,6 +69,16 @@ impl std::fmt::Debug for WebIdentity {
             .field("token_file", &self.token_file)
             .field("sts_url", &self.sts_url)
             .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for CredentialSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CredentialSource::Fixed(k) => f.debug_tuple("Fixed").field(k).finish(),
+            CredentialSource::ApiKey(_) => f.write_str("ApiKey(<redacted>)"),
+            CredentialSource::WebIdentity(w) => f.debug_tuple("WebIdentity").field(w).finish(),
+        }
     }
 }
 
@@ -128,6 +139,9 @@ impl CredentialSource {
     pub async fn keys(&self) -> Result<Keys, String> {
         match self {
             CredentialSource::Fixed(k) => Ok(k.clone()),
+            CredentialSource::ApiKey(_) => {
+                Err("a Bedrock API key signs nothing: it is sent as a bearer token".to_owned())
+            }
             CredentialSource::WebIdentity(w) => w.keys().await,
         }
     }

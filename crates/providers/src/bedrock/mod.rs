@@ -23,7 +23,8 @@
 //!
 //! **Auth**: SigV4 (`aws-sigv4`, signing name `bedrock`) with static keys from the Secret
 //! (`credentials.secretRef` = secret access key, `accessKeyIdRef`, optional
-//! `sessionTokenRef`), or, without credentials, IRSA: the web-identity token file
+//! `sessionTokenRef`); a Bedrock API key (`secretRef` alone, sent as `Authorization:
+//! Bearer`, no signature); or, without credentials, IRSA: the web-identity token file
 //! exchanged at STS for temporary keys with `AssumeRoleWithWebIdentity`, cached until five
 //! minutes before they expire ([`credentials`]). No SDK-style hidden retries.
 //!
@@ -141,17 +142,14 @@ impl Bedrock {
         };
         reqwest::Url::parse(&origin).map_err(|e| format!("invalid endpoint {origin:?}: {e}"))?;
         let credentials = match &spec.credentials {
-            Some(c) => {
-                let key_id_ref = c
-                    .access_key_id_ref
-                    .as_ref()
-                    .ok_or("bedrock credentials need accessKeyIdRef")?;
-                CredentialSource::fixed(
+            Some(c) => match &c.access_key_id_ref {
+                Some(key_id_ref) => CredentialSource::fixed(
                     secret(key_id_ref)?,
                     secret(&c.secret_ref)?,
                     c.session_token_ref.as_ref().map(&secret).transpose()?,
-                )
-            }
+                ),
+                None => CredentialSource::ApiKey(secret(&c.secret_ref)?),
+            },
             None => CredentialSource::web_identity(
                 spec.bedrock.clone().unwrap_or_default(),
                 &region,
@@ -321,6 +319,14 @@ impl Adapter for Bedrock {
                     HeaderValue::from_static(eventstream::CONTENT_TYPE),
                 );
             }
+            if let CredentialSource::ApiKey(key) = &*self.credentials {
+                // A Bedrock API key replaces SigV4 altogether.
+                headers.insert(
+                    http::header::AUTHORIZATION,
+                    crate::openai::secret_header(&format!("Bearer {key}"), "Bedrock API key")?,
+                );
+                return Ok(Prepared { url, headers, body });
+            }
             let keys = self
                 .credentials
                 .keys()
@@ -371,7 +377,12 @@ impl Adapter for Bedrock {
     }
 
     fn check_credentials(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move { self.credentials.keys().await.map(|_| ()) })
+        Box::pin(async move {
+            match &*self.credentials {
+                CredentialSource::ApiKey(_) => Ok(()),
+                other => other.keys().await.map(|_| ()),
+            }
+        })
     }
 }
 

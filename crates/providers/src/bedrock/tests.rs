@@ -227,3 +227,25 @@ fn invoke_stream_chunks_decode_to_anthropic_events() {
     );
     assert!(b.accepts_stream(&headers).is_err());
 }
+
+#[tokio::test]
+async fn api_key_alone_is_a_bearer_token_without_signature() {
+    let mut s = spec(json!({}));
+    if let Some(c) = s.credentials.as_mut() {
+        c.access_key_id_ref = None;
+    }
+    let b = Bedrock::from_spec(
+        &s,
+        |_| Ok("bedrock-api-key-123".into()),
+        reqwest::Client::new(),
+    )
+    .unwrap();
+    let p = prepared(&b, "anthropic.claude-3-5-haiku-20241022-v1:0", false).await;
+    assert_eq!(
+        p.headers[http::header::AUTHORIZATION],
+        "Bearer bedrock-api-key-123"
+    );
+    assert!(p.headers[http::header::AUTHORIZATION].is_sensitive());
+    assert!(p.headers.get("x-amz-date").is_none());
+    assert!(!format!("{b:?}").contains("bedrock-api-key-123"));
+}
