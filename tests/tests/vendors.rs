@@ -303,3 +303,89 @@ async fn irsa_web_identity_is_exchanged_at_sts_and_signs_requests() {
     let status = stack.status().await;
     assert_eq!(ready_of(&status, "irsa").unwrap().0, "True");
 }
+
+/// Temporary keys from the mock's STS that expire one second after issue.
+async fn expired_sts_keys() -> (String, String, String) {
+    use base64::Engine as _;
+    let sts = switchyard_mock::MockProvider::start(switchyard_mock::MockConfig {
+        name: "sts".to_owned(),
+        aws_auth: Some(switchyard_mock::AwsAuthConfig::default()),
+        ..switchyard_mock::MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let exp = chrono::Utc::now().timestamp() + 3600;
+    let jwt = format!(
+        "{}.{}.sig",
+        b64.encode(r#"{"alg":"RS256"}"#),
+        b64.encode(format!(
+            r#"{{"sub":"system:serviceaccount:ai:router","exp":{exp}}}"#
+        ))
+    );
+    let xml = reqwest::Client::new()
+        .post(sts.base_url())
+        .form(&[
+            ("Action", "AssumeRoleWithWebIdentity"),
+            ("Version", "2011-06-15"),
+            ("RoleArn", "arn:aws:iam::123456789012:role/switchyard"),
+            ("RoleSessionName", "e2e"),
+            ("WebIdentityToken", jwt.as_str()),
+            ("DurationSeconds", "1"),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (keys, _) = switchyard_providers::bedrock::credentials::parse_assume_role(&xml)
+        .unwrap_or_else(|e| panic!("STS answer {xml}: {e}"));
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    (
+        keys.access_key_id,
+        keys.secret_access_key,
+        keys.session_token.unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_bedrock_keys_are_not_ready_and_fail_over() {
+    let _g = serial().await;
+    let (id, secret, token) = expired_sts_keys().await;
+    let stack = Stack::start(
+        Setup::new()
+            .key("exp-id", &id)
+            .key("exp-secret", &secret)
+            .key("exp-token", &token)
+            .provider(
+                Provider::bedrock("expired", "anthropic.claude-3-5-haiku-20241022-v1:0")
+                    .credentials("{secretRef: {name: e2e-keys, key: exp-secret}, accessKeyIdRef: {name: e2e-keys, key: exp-id}, sessionTokenRef: {name: e2e-keys, key: exp-token}}")
+                    .with(NO_BREAKER),
+            )
+            .provider(Provider::anthropic("an"))
+            .policy(Policy::chat(MODEL, &["expired", "an"])),
+    )
+    .await;
+    for i in 0..3 {
+        let r = stack.chat(MODEL, Some(&format!("p{i}"))).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            provider_name(&r.header("x-switchyard-provider").unwrap()),
+            "an"
+        );
+    }
+    let calls = stack.mock("expired").calls();
+    assert!(
+        !calls.is_empty() && calls.iter().all(|c| c.status == 403),
+        "expected only 403s from Bedrock: {calls:?}"
+    );
+    let status = stack.status().await;
+    let (ready, reason, message) = ready_of(&status, "expired").unwrap();
+    assert_eq!(
+        (ready.as_str(), reason.as_str()),
+        ("False", "CredentialsRejected"),
+        "{message}"
+    );
+    assert!(message.contains("HTTP 403"), "{message}");
+}

@@ -362,6 +362,81 @@ mod tests {
         );
     }
 
+    fn adapter(location: &str, endpoint: Option<&str>) -> Vertex {
+        let mut spec = serde_json::json!({
+            "api": "vertex", "region": location, "vertex": {"projectId": "proj-1"},
+            "models": [{"name": "m"}]
+        });
+        if let Some(e) = endpoint {
+            spec["endpoint"] = serde_json::json!(e);
+        }
+        let spec: LLMProviderSpec = serde_json::from_value(spec).unwrap();
+        Vertex::from_spec(&spec, |_| Ok(String::new()), reqwest::Client::new()).unwrap()
+    }
+
+    #[test]
+    fn url_per_host_form_and_publisher() {
+        for (location, host) in [
+            ("global", "aiplatform.googleapis.com"),
+            ("us", "aiplatform.us.rep.googleapis.com"),
+            ("eu", "aiplatform.eu.rep.googleapis.com"),
+            ("us-east5", "us-east5-aiplatform.googleapis.com"),
+        ] {
+            let a = adapter(location, None);
+            let u = a.url("claude-sonnet-4@20250514", "rawPredict").unwrap();
+            assert_eq!(
+                u.as_str(),
+                format!(
+                    "https://{host}/v1/projects/proj-1/locations/{location}/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict"
+                )
+            );
+            let u = a.url("gemini-2.5-flash", "streamGenerateContent").unwrap();
+            assert_eq!(
+                u.as_str(),
+                format!(
+                    "https://{host}/v1/projects/proj-1/locations/{location}/publishers/google/models/gemini-2.5-flash:streamGenerateContent"
+                )
+            );
+        }
+        let a = adapter("europe-west4", Some("http://127.0.0.1:9/"));
+        assert_eq!(
+            a.url("gemini-2.5-pro", "generateContent").unwrap().as_str(),
+            "http://127.0.0.1:9/v1/projects/proj-1/locations/europe-west4/publishers/google/models/gemini-2.5-pro:generateContent"
+        );
+        assert_eq!(a.kind("claude-x"), ProviderKind::Anthropic);
+        assert_eq!(a.kind("gemini-x"), ProviderKind::OpenAi);
+        assert!(a.serves(Operation::Messages, "claude-x"));
+        assert!(!a.serves(Operation::ChatCompletions, "claude-x"));
+        assert!(a.serves(Operation::ChatCompletions, "gemini-x"));
+    }
+
+    #[test]
+    fn bad_service_account_keys_name_the_problem() {
+        let spec: LLMProviderSpec = serde_json::from_value(serde_json::json!({
+            "api": "vertex", "region": "us-east5", "vertex": {"projectId": "proj-1"},
+            "credentials": {"secretRef": {"name": "sa", "key": "key.json"}},
+            "models": [{"name": "m"}]
+        }))
+        .unwrap();
+        let build = |key: &str| {
+            let key = key.to_owned();
+            Vertex::from_spec(&spec, move |_| Ok(key.clone()), reqwest::Client::new()).unwrap_err()
+        };
+        assert!(build("{not json").contains("not a JSON key file"));
+        assert!(
+            build(r#"{"type": "authorized_user", "client_email": "a", "private_key": "b"}"#)
+                .contains("a service_account key is needed")
+        );
+        let e = build(
+            r#"{"type": "service_account", "client_email": "a@b", "private_key": "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"}"#,
+        );
+        assert!(e.contains("not an RSA private key"), "{e}");
+        assert!(
+            !e.contains("AAAA"),
+            "the key's contents are never quoted: {e}"
+        );
+    }
+
     fn classified(body: &str, at_second: u32) -> Classification {
         let now = DateTime::<Utc>::from_timestamp(1_800_000_000, 0)
             .unwrap()
