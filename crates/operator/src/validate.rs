@@ -237,6 +237,22 @@ pub fn validate(world: &World, validator: &SchemaChecker) -> Verdicts {
         });
     }
 
+    // The adapter's own settings checks, shared with the router; skipped for an object the
+    // schema already refused (its settings are reported there, once).
+    let unusable: Vec<(String, String, String)> = world
+        .providers
+        .iter()
+        .filter(|p| {
+            problems
+                .get(&object_key("LLMProvider", &ns_of(&***p), &p.name_any()))
+                .is_none_or(Vec::is_empty)
+        })
+        .filter_map(|p| {
+            let message = switchyard_providers::adapter::check_spec(&p.spec).err()?;
+            Some((ns_of(&**p), p.name_any(), message))
+        })
+        .collect();
+
     // 3. Secrets.
     let mut push = |kind: &str, ns: &str, name: &str, p: Problem| {
         problems
@@ -287,19 +303,18 @@ pub fn validate(world: &World, validator: &SchemaChecker) -> Verdicts {
                 );
             }
         }
-        // The adapter's own settings checks, shared with the router.
-        if let Err(message) = switchyard_providers::adapter::check_spec(&p.spec) {
-            push(
-                "LLMProvider",
-                &ns,
-                &p.name_any(),
-                Problem {
-                    reason: reason::PROVIDER_UNUSABLE,
-                    field: Some("spec".to_owned()),
-                    message,
-                },
-            );
-        }
+    }
+    for (ns, name, message) in unusable {
+        push(
+            "LLMProvider",
+            &ns,
+            &name,
+            Problem {
+                reason: reason::PROVIDER_UNUSABLE,
+                field: Some("spec".to_owned()),
+                message,
+            },
+        );
     }
     for t in &world.tenants {
         let ns = ns_of(&**t);

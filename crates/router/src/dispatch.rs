@@ -1530,7 +1530,10 @@ async fn attempt(
         )
         .await
     } else {
-        let (guard, body) = collect_detached(app, guard, req.op, kind, response, attempt_end).await;
+        // Field case 17: a client that leaves while the body is read cancels the upstream
+        // call (the provider stops generating); the reservation is settled by the guard's drop
+        // with the input estimate, marked `estimated` in the ledger.
+        let body = tokio::time::timeout_at(attempt_end, response.collect(MAX_UPSTREAM_BODY)).await;
         let body = match body {
             Err(_) => return fail(guard, timed_out(attempt_remaining)),
             Ok(Err(e)) => return fail(guard, transport_class(&e)),
@@ -1566,55 +1569,6 @@ async fn attempt(
                 },
             ),
         }
-    }
-}
-
-/// A whole body read, or why not (its own deadline, or the transport).
-type Collected = Result<Result<Bytes, TransportError>, tokio::time::error::Elapsed>;
-
-/// Reads a whole non-streamed body on its own task, bounded by `until` and
-/// [`MAX_UPSTREAM_BODY`]. If the client leaves meanwhile (this future is dropped), the task
-/// keeps reading to the end and settles the attempt's reservation itself, with the usage the
-/// provider reports in the body (it billed the whole answer), or the input estimate when the
-/// body never completes (issue 14, "charges on cut requests").
-async fn collect_detached(
-    app: &Arc<App>,
-    mut guard: AttemptGuard,
-    op: ClientOp,
-    kind: ProviderKind,
-    response: UpstreamResponse,
-    until: tokio::time::Instant,
-) -> (AttemptGuard, Collected) {
-    let quota = guard.quota.take();
-    let (tx, rx) = tokio::sync::oneshot::channel::<(Collected, Option<Reserved>)>();
-    let bg = app.clone();
-    tokio::spawn(async move {
-        let body = tokio::time::timeout_at(until, response.collect(MAX_UPSTREAM_BODY)).await;
-        if let Err((body, Some(q))) = tx.send((body, quota)) {
-            let reported = match &body {
-                Ok(Ok(b)) => translate_response(&bg, op, kind, b)
-                    .ok()
-                    .and_then(|(_, u)| u),
-                _ => None,
-            };
-            let used =
-                reported.unwrap_or_else(|| NormalizedUsage::estimated(q.estimated_input.max(1), 0));
-            q.settle_abandoned(&bg, &used);
-        }
-    });
-    match rx.await {
-        Ok((body, quota)) => {
-            guard.quota = quota;
-            (guard, body)
-        }
-        // The reader task ended without answering (it panicked): its reservation was dropped,
-        // which releases it with the estimate kept.
-        Err(_) => (
-            guard,
-            Ok(Err(TransportError::Other(
-                "response reader failed".to_owned(),
-            ))),
-        ),
     }
 }
 
