@@ -1,8 +1,9 @@
 //! `api: openai`: OpenAI and OpenAI-compatible servers (vLLM, Azure-style gateways, Groq…).
 //!
-//! Paths `{base}/v1/chat/completions`, `/v1/embeddings`, `/v1/rerank` (a base URL that already
-//! ends in `/v1` is not doubled), `Authorization: Bearer <key>` (omitted when no key is set).
-//! Bodies and responses are the OpenAI dialect itself, so nothing is re-encoded; usage comes
+//! Paths `{base}/v1/chat/completions`, `/v1/embeddings`, `/v1/rerank`, `/v1/audio/transcriptions`
+//! (a base URL that already ends in `/v1` is not doubled), `Authorization: Bearer <key>` (omitted when no key is set).
+//! Bodies and responses are the OpenAI dialect itself, so nothing is re-encoded except the
+//! internal transcription request, which becomes OpenAI's multipart upload again; usage comes
 //! from `usage` (with `prompt_tokens_details.cached_tokens`), read by the dispatcher.
 
 use bytes::Bytes;
@@ -11,6 +12,7 @@ use switchyard_api::provider::ProviderApi;
 
 use crate::adapter::{Adapter, BoxFuture, Call, Prepared};
 use crate::upstream::{Operation, ProviderKind, TransportError};
+use crate::wire::transcription::TranscriptionRequest;
 
 /// The OpenAI adapter.
 pub struct OpenAi {
@@ -92,6 +94,24 @@ impl OpenAi {
     }
 }
 
+impl OpenAi {
+    /// `/v1/audio/transcriptions`: the internal request re-encoded as OpenAI's multipart
+    /// upload ([`TranscriptionRequest::to_multipart`]), with its own content type.
+    fn transcription(&self, url: reqwest::Url, body: &[u8]) -> Result<Prepared, TransportError> {
+        let request: TranscriptionRequest = serde_json::from_slice(body).map_err(|e| {
+            TransportError::Config(format!("transcription body does not parse: {e}"))
+        })?;
+        let (content_type, body) = request.to_multipart().map_err(TransportError::Config)?;
+        let mut headers = self.headers(false);
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::try_from(content_type)
+                .map_err(|_| TransportError::Config("multipart boundary".to_owned()))?,
+        );
+        Ok(Prepared { url, headers, body })
+    }
+}
+
 impl Adapter for OpenAi {
     fn api(&self) -> ProviderApi {
         ProviderApi::Openai
@@ -113,10 +133,15 @@ impl Adapter for OpenAi {
                 call.op, self.base
             ))
         });
-        let prepared = url.map(|url| Prepared {
-            url,
-            headers: self.headers(call.stream),
-            body: call.body,
+        let prepared = url.and_then(|url| {
+            if call.op == Operation::Transcription {
+                return self.transcription(url, &call.body);
+            }
+            Ok(Prepared {
+                url,
+                headers: self.headers(call.stream),
+                body: call.body,
+            })
         });
         Box::pin(async move { prepared })
     }
