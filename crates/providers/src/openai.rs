@@ -209,6 +209,53 @@ mod tests {
         assert!(matches!(r, Err(TransportError::Config(_))));
     }
 
+    #[tokio::test]
+    async fn transcription_is_reencoded_as_multipart_with_its_content_type() {
+        let a = OpenAi::new("https://stt.example.invalid", "sk-test".into()).unwrap();
+        let internal = TranscriptionRequest {
+            model: "whisper-large-v3".into(),
+            audio_base64: "UklGRg==".into(),
+            mime_type: "audio/wav".into(),
+            file_name: "a.wav".into(),
+            language: None,
+            prompt: Some("QANT".into()),
+            response_format: Some("text".into()),
+            temperature: None,
+        };
+        let p = a
+            .prepare(Call {
+                op: Operation::Transcription,
+                model: "whisper-large-v3",
+                stream: false,
+                body: internal.to_json().unwrap(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            p.url.as_str(),
+            "https://stt.example.invalid/v1/audio/transcriptions"
+        );
+        let ct = p.headers[CONTENT_TYPE].to_str().unwrap().to_owned();
+        let boundary = ct.strip_prefix("multipart/form-data; boundary=").unwrap();
+        let body = String::from_utf8_lossy(&p.body);
+        assert!(body.starts_with(&format!("--{boundary}\r\n")));
+        assert!(body.contains("name=\"model\"\r\n\r\nwhisper-large-v3\r\n"));
+        assert!(body.contains("name=\"prompt\"\r\n\r\nQANT\r\n"));
+        assert!(body.contains("name=\"response_format\"\r\n\r\njson\r\n"));
+        assert!(body.contains("filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\nRIFF\r\n"));
+        assert_eq!(p.headers[AUTHORIZATION], "Bearer sk-test");
+        // A body that is not the internal request is a configuration error, nothing sent.
+        let bad = a
+            .prepare(Call {
+                op: Operation::Transcription,
+                model: "m",
+                stream: false,
+                body: Bytes::from_static(b"--raw multipart--"),
+            })
+            .await;
+        assert!(matches!(bad, Err(TransportError::Config(_))));
+    }
+
     #[test]
     fn debug_redacts_api_key() {
         let a = OpenAi::new("https://a.invalid", "sk-secret".into()).unwrap();

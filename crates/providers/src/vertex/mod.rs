@@ -377,6 +377,32 @@ mod tests {
     }
 
     #[test]
+    fn transcription_body_is_gemini_with_inline_audio() {
+        let internal = crate::wire::transcription::TranscriptionRequest {
+            model: "gemini-2.5-flash".into(),
+            audio_base64: "UklGRg==".into(),
+            mime_type: "audio/wav".into(),
+            file_name: "a.wav".into(),
+            language: Some("ja".into()),
+            prompt: None,
+            response_format: None,
+            temperature: Some(0.3),
+        };
+        let body = transcription_body(&internal.to_json().unwrap()).unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let parts = &v["contents"][0]["parts"];
+        assert_eq!(parts[1]["inlineData"]["mimeType"], "audio/wav");
+        assert_eq!(parts[1]["inlineData"]["data"], "UklGRg==");
+        assert!(parts[0]["text"].as_str().unwrap().contains("`ja`"));
+        assert_eq!(v["generationConfig"]["temperature"], 0.3);
+        assert!(v.get("model").is_none());
+        assert!(matches!(
+            transcription_body(b"{}"),
+            Err(TransportError::Config(_))
+        ));
+    }
+
+    #[test]
     fn host_follows_location_kind() {
         assert_eq!(host("global"), "aiplatform.googleapis.com");
         assert_eq!(host("us"), "aiplatform.us.rep.googleapis.com");
