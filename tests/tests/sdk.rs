@@ -623,3 +623,77 @@ async fn anthropic_sdk_through_router_to_claude_on_vertex_and_bedrock() {
     );
     assert!(assert_vendor_calls(&stack, "bc", &["/converse", "/converse-stream"]) >= 2);
 }
+
+/// `client.audio.transcriptions.create` of the official OpenAI SDK through the router (issue
+/// 11 item 4): JSON and text response formats parse, to Gemini on Vertex (audio inline) and to
+/// an OpenAI-compatible server (multipart forwarded), and an unsupported `response_format` is
+/// the SDK's `BadRequestError` naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_sdk_audio_transcriptions_through_router() {
+    let _g = serial().await;
+    let Some(py) = python() else { return };
+    let stt = |name: &str| {
+        let mut p = Provider::openai(name).models(&[("stt-oa", "transcription")]);
+        p.upstream = Some("whisper-large-v3".to_owned());
+        p
+    };
+    let stack = Stack::start(
+        Setup::new()
+            .provider(stt("oa-stt"))
+            .provider(
+                Provider::vertex("vx-stt", "gemini-2.5-flash")
+                    .models(&[("stt-vx", "transcription")]),
+            )
+            .policy(Policy::transcription("stt-oa", &["oa-stt"]))
+            .policy(Policy::transcription("stt-vx", &["vx-stt"])),
+    )
+    .await;
+    let base = stack.router.base_url.clone();
+    for (model, provider, path) in [
+        ("stt-oa", "oa-stt", "/v1/audio/transcriptions"),
+        ("stt-vx", "vx-stt", "gemini-2.5-flash:generateContent"),
+    ] {
+        let r = run_script(
+            &py,
+            "openai_audio.py",
+            &["--base-url", &base, "--api-key", KEY, "--model", model],
+        )
+        .await;
+        let j = check(&r, "transcribe_json");
+        assert_eq!(j["type"], "Transcription", "{model}: {j}");
+        assert!(j["text"].is_string(), "{model}: {j}");
+        assert_eq!(
+            common::provider_name(j["provider_header"].as_str().unwrap_or_default()),
+            provider
+        );
+        assert_eq!(j["attempts_header"], "1", "{model}: {j}");
+        assert_eq!(j["content_type"], "application/json", "{model}: {j}");
+        let t = check(&r, "transcribe_text");
+        assert_eq!(t["type"], "str", "{model}: {t}");
+        let bad = check(&r, "transcribe_unsupported_format");
+        assert_eq!(bad["status"], 400, "{model}: {bad}");
+        assert!(
+            bad["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("response_format"),
+            "{model}: {bad}"
+        );
+        let calls = stack.mock(provider).calls();
+        // Two accepted uploads (json, text) reached the provider; the refused one did not.
+        assert_eq!(calls.len(), 2, "{model}: {calls:?}");
+        assert!(
+            calls
+                .iter()
+                .all(|c| c.path.ends_with(path) && c.status == 200)
+        );
+        if model == "stt-oa" {
+            assert!(calls.iter().all(|c| c.model == "whisper-large-v3"));
+        }
+        if model == "stt-vx" {
+            // Gemini's answer decoded with its usage (the mock counts inline audio).
+            assert_eq!(j["usage_type"], "tokens", "{j}");
+            assert!(j["input_tokens"].as_u64().unwrap_or(0) >= 32, "{j}");
+        }
+    }
+}

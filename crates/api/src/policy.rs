@@ -31,7 +31,7 @@ use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, NAME_PATTERN};
 #[x_kube(
     validation = kube::core::Rule::new("self.providers.all(p, self.providers.exists_one(q, q.name == p.name))").message("provider names in a policy must be unique"),
     validation = kube::core::Rule::new("!has(self.aliases) || !(self.model in self.aliases)").message("an alias must differ from the model name"),
-    validation = kube::core::Rule::new("!has(self.strategy) || self.strategy != 'stickyChain' || self.serviceType == 'chat'").message("the stickyChain strategy is only for chat policies"),
+    validation = kube::core::Rule::new("!has(self.strategy) || self.strategy != 'stickyChain' || self.serviceType == 'chat' || self.serviceType == 'transcription'").message("the stickyChain strategy is only for chat and transcription policies"),
 )]
 pub struct RoutingPolicySpec {
     /// Public model name clients ask for, such as `claude-sonnet`.
@@ -48,7 +48,8 @@ pub struct RoutingPolicySpec {
     /// same namespace serving `model` (or `upstreamModel`).
     #[schemars(length(min = 1, max = 16))]
     pub providers: Vec<PolicyProvider>,
-    /// Balancing strategy; `stickyChain` for chat and `powerOfTwoChoices` otherwise when absent.
+    /// Balancing strategy; `stickyChain` for chat and transcription and `powerOfTwoChoices`
+    /// otherwise when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<Strategy>,
     /// Where the project key for cache affinity comes from, and how long a chain is pinned.
@@ -89,6 +90,11 @@ pub enum ServiceType {
     Embedding,
     /// Document reranking; stateless, latency-sensitive.
     Rerank,
+    /// Speech to text (`/v1/audio/transcriptions`) on providers whose model lists the
+    /// `transcription` modality; candidates follow that modality's probed health per provider
+    /// and region (seed 003). Default strategy `stickyChain`: the providers' order is the
+    /// preferred region first (latency, data residency), failing over down the list.
+    Transcription,
 }
 
 /// Balancing strategy.

@@ -1,8 +1,9 @@
 //! `api: openai`: OpenAI and OpenAI-compatible servers (vLLM, Azure-style gateways, Groq…).
 //!
-//! Paths `{base}/v1/chat/completions`, `/v1/embeddings`, `/v1/rerank` (a base URL that already
-//! ends in `/v1` is not doubled), `Authorization: Bearer <key>` (omitted when no key is set).
-//! Bodies and responses are the OpenAI dialect itself, so nothing is re-encoded; usage comes
+//! Paths `{base}/v1/chat/completions`, `/v1/embeddings`, `/v1/rerank`, `/v1/audio/transcriptions`
+//! (a base URL that already ends in `/v1` is not doubled), `Authorization: Bearer <key>` (omitted when no key is set).
+//! Bodies and responses are the OpenAI dialect itself, so nothing is re-encoded except the
+//! internal transcription request, which becomes OpenAI's multipart upload again; usage comes
 //! from `usage` (with `prompt_tokens_details.cached_tokens`), read by the dispatcher.
 
 use bytes::Bytes;
@@ -11,6 +12,7 @@ use switchyard_api::provider::ProviderApi;
 
 use crate::adapter::{Adapter, BoxFuture, Call, Prepared};
 use crate::upstream::{Operation, ProviderKind, TransportError};
+use crate::wire::transcription::TranscriptionRequest;
 
 /// The OpenAI adapter.
 pub struct OpenAi {
@@ -92,6 +94,24 @@ impl OpenAi {
     }
 }
 
+impl OpenAi {
+    /// `/v1/audio/transcriptions`: the internal request re-encoded as OpenAI's multipart
+    /// upload ([`TranscriptionRequest::to_multipart`]), with its own content type.
+    fn transcription(&self, url: reqwest::Url, body: &[u8]) -> Result<Prepared, TransportError> {
+        let request: TranscriptionRequest = serde_json::from_slice(body).map_err(|e| {
+            TransportError::Config(format!("transcription body does not parse: {e}"))
+        })?;
+        let (content_type, body) = request.to_multipart().map_err(TransportError::Config)?;
+        let mut headers = self.headers(false);
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::try_from(content_type)
+                .map_err(|_| TransportError::Config("multipart boundary".to_owned()))?,
+        );
+        Ok(Prepared { url, headers, body })
+    }
+}
+
 impl Adapter for OpenAi {
     fn api(&self) -> ProviderApi {
         ProviderApi::Openai
@@ -113,10 +133,15 @@ impl Adapter for OpenAi {
                 call.op, self.base
             ))
         });
-        let prepared = url.map(|url| Prepared {
-            url,
-            headers: self.headers(call.stream),
-            body: call.body,
+        let prepared = url.and_then(|url| {
+            if call.op == Operation::Transcription {
+                return self.transcription(url, &call.body);
+            }
+            Ok(Prepared {
+                url,
+                headers: self.headers(call.stream),
+                body: call.body,
+            })
         });
         Box::pin(async move { prepared })
     }
@@ -182,6 +207,53 @@ mod tests {
             })
             .await;
         assert!(matches!(r, Err(TransportError::Config(_))));
+    }
+
+    #[tokio::test]
+    async fn transcription_is_reencoded_as_multipart_with_its_content_type() {
+        let a = OpenAi::new("https://stt.example.invalid", "sk-test".into()).unwrap();
+        let internal = TranscriptionRequest {
+            model: "whisper-large-v3".into(),
+            audio_base64: "UklGRg==".into(),
+            mime_type: "audio/wav".into(),
+            file_name: "a.wav".into(),
+            language: None,
+            prompt: Some("QANT".into()),
+            response_format: Some("text".into()),
+            temperature: None,
+        };
+        let p = a
+            .prepare(Call {
+                op: Operation::Transcription,
+                model: "whisper-large-v3",
+                stream: false,
+                body: internal.to_json().unwrap(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            p.url.as_str(),
+            "https://stt.example.invalid/v1/audio/transcriptions"
+        );
+        let ct = p.headers[CONTENT_TYPE].to_str().unwrap().to_owned();
+        let boundary = ct.strip_prefix("multipart/form-data; boundary=").unwrap();
+        let body = String::from_utf8_lossy(&p.body);
+        assert!(body.starts_with(&format!("--{boundary}\r\n")));
+        assert!(body.contains("name=\"model\"\r\n\r\nwhisper-large-v3\r\n"));
+        assert!(body.contains("name=\"prompt\"\r\n\r\nQANT\r\n"));
+        assert!(body.contains("name=\"response_format\"\r\n\r\njson\r\n"));
+        assert!(body.contains("filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\nRIFF\r\n"));
+        assert_eq!(p.headers[AUTHORIZATION], "Bearer sk-test");
+        // A body that is not the internal request is a configuration error, nothing sent.
+        let bad = a
+            .prepare(Call {
+                op: Operation::Transcription,
+                model: "m",
+                stream: false,
+                body: Bytes::from_static(b"--raw multipart--"),
+            })
+            .await;
+        assert!(matches!(bad, Err(TransportError::Config(_))));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! | `audio`         | the text probe with an `input_audio` part: 0.25 s of silent WAV           |
 //! | `embedding`     | `/v1/embeddings`, `input: ["ping"]` — one item, no `max_tokens`           |
 //! | `rerank`        | `/v1/rerank`, one query, one document                                     |
-//! | `transcription` | `/v1/audio/transcriptions`, multipart `model` + `file` (0.25 s silent WAV) |
+//! | `transcription` | the adapter's transcription call with 0.25 s of silent WAV: `/v1/audio/transcriptions` multipart `model` + `file` (+ `response_format: json`); Gemini on Vertex `generateContent` with the clip as `inlineData` |
 //! | `speech`        | `/v1/audio/speech`, `input: "ok"` in the configured voice                  |
 //!
 //! Each probe asks for exactly what the modality's endpoint takes and nothing more, so that
@@ -30,8 +30,10 @@
 //! Rejected alternatives: `GET /v1/models` as the probe (a provider lists models while its
 //! audio path is broken — the failure seed 003 describes); one probe per provider (the same
 //! failure); streaming probes (time to first token is the dispatcher's measure; a probe wants
-//! the cheapest complete answer). The multipart body is written here rather than by a library:
-//! it is one constant-shaped upload of two fields.
+//! the cheapest complete answer). Transcription probes are the dispatcher's own internal request
+//! ([`crate::wire::transcription`]) sent through the adapter, so a probe exercises exactly the
+//! encoding client traffic gets (a Gemini region whose audio path is broken fails the probe,
+//! seed 003).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -204,24 +206,6 @@ pub fn silent_wav(millis: u32) -> Vec<u8> {
     w
 }
 
-/// Boundary of probe uploads; the body is fixed, so a constant that cannot occur in it is safe.
-const BOUNDARY: &str = "switchyard-probe-7f3a9c2e";
-
-fn multipart(model: &str, audio: &[u8]) -> Bytes {
-    let mut b = Vec::with_capacity(audio.len() + 400);
-    b.extend_from_slice(
-        format!(
-            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n\
-             --{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"probe.wav\"\r\n\
-             Content-Type: audio/wav\r\n\r\n"
-        )
-        .as_bytes(),
-    );
-    b.extend_from_slice(audio);
-    b.extend_from_slice(format!("\r\n--{BOUNDARY}--\r\n").as_bytes());
-    Bytes::from(b)
-}
-
 fn json_request(path: &'static str, body: &Value) -> ProbeRequest {
     ProbeRequest {
         path,
@@ -268,12 +252,24 @@ pub fn build_request(kind: ProviderKind, target: &ProbeTarget) -> Result<ProbeRe
             "/rerank",
             &json!({"model": model, "query": "ping", "documents": ["pong"]}),
         )),
-        (ProviderKind::OpenAi, Modality::Transcription) => Ok(ProbeRequest {
-            path: "/audio/transcriptions",
-            content_type: format!("multipart/form-data; boundary={BOUNDARY}"),
-            body: multipart(model, &silent_wav(PROBE_AUDIO_MILLIS)),
-            expects_json: true,
-        }),
+        (ProviderKind::OpenAi, Modality::Transcription) => {
+            let request = crate::wire::transcription::TranscriptionRequest {
+                model: model.to_owned(),
+                audio_base64: wav(),
+                mime_type: "audio/wav".to_owned(),
+                file_name: "probe.wav".to_owned(),
+                language: None,
+                prompt: None,
+                response_format: None,
+                temperature: None,
+            };
+            Ok(ProbeRequest {
+                path: "/audio/transcriptions",
+                content_type: "application/json".to_owned(),
+                body: request.to_json().map_err(|e| e.to_string())?,
+                expects_json: true,
+            })
+        }
         (ProviderKind::OpenAi, Modality::Speech) => {
             let voice = target.voice.as_deref().ok_or_else(|| {
                 "speech probes need healthCheck.probes[].voice (providers differ in voices and \
@@ -367,11 +363,13 @@ pub async fn probe_once(client: &UpstreamClient, target: &ProbeTarget) -> ProbeR
     };
     let started = tokio::time::Instant::now();
     let exchange = async {
-        // Chat probes go through the adapter (Vertex and Bedrock encode and sign them); the
-        // other modalities call their OpenAI-style path.
+        // Chat and transcription probes go through the adapter (Vertex and Bedrock encode and
+        // sign them; the OpenAI adapter writes the multipart upload); the other modalities call
+        // their OpenAI-style path.
         let chat = match request.path {
             "/chat/completions" => Some(Operation::ChatCompletions),
             "/messages" => Some(Operation::Messages),
+            "/audio/transcriptions" => Some(Operation::Transcription),
             _ => None,
         };
         let response = match chat {
@@ -635,15 +633,25 @@ mod tests {
     }
 
     #[test]
-    fn build_request_transcription_multipart_with_wav() {
+    fn build_request_transcription_is_the_internal_request_with_wav() {
         let r = build_request(ProviderKind::OpenAi, &target(Modality::Transcription)).unwrap();
         assert_eq!(r.path, "/audio/transcriptions");
-        assert!(r.content_type.starts_with("multipart/form-data; boundary="));
-        let text = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.content_type, "application/json");
+        let req: crate::wire::transcription::TranscriptionRequest =
+            serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(req.model, "m");
+        assert_eq!(req.mime_type, "audio/wav");
+        let wav = base64::engine::general_purpose::STANDARD
+            .decode(&req.audio_base64)
+            .unwrap();
+        assert_eq!(wav, silent_wav(PROBE_AUDIO_MILLIS));
+        // The OpenAI adapter turns it into the multipart upload with the clip.
+        let (ct, body) = req.to_multipart().unwrap();
+        assert!(ct.starts_with("multipart/form-data; boundary="));
+        let text = String::from_utf8_lossy(&body);
         assert!(text.contains("name=\"model\"\r\n\r\nm\r\n"));
         assert!(text.contains("filename=\"probe.wav\""));
         assert!(text.contains("RIFF"));
-        assert!(text.ends_with(&format!("--{BOUNDARY}--\r\n")));
     }
 
     #[test]

@@ -578,7 +578,7 @@ fn build_route(
         provider_names.push(entry.name.clone());
     }
     let strategy = spec.strategy.unwrap_or(match spec.service_type {
-        ServiceType::Chat => Strategy::StickyChain,
+        ServiceType::Chat | ServiceType::Transcription => Strategy::StickyChain,
         ServiceType::Embedding | ServiceType::Rerank => Strategy::PowerOfTwoChoices,
     });
     let fallback_on = if fallback.on.is_empty() {

@@ -63,6 +63,9 @@ pub enum ClientOp {
     Embeddings,
     /// `POST /v1/rerank` (OpenAI-compatible dialect).
     Rerank,
+    /// `POST /v1/audio/transcriptions` (OpenAI multipart; the body is the internal
+    /// [`crate::wire::transcription::TranscriptionRequest`] as [`ClientBody::Json`]).
+    Transcription,
 }
 
 impl ClientOp {
@@ -92,6 +95,7 @@ pub fn required_modalities(op: ClientOp, body: &ClientBody) -> Vec<Modality> {
     match op {
         ClientOp::Embeddings => return vec![Modality::Embedding],
         ClientOp::Rerank => return vec![Modality::Rerank],
+        ClientOp::Transcription => return vec![Modality::Transcription],
         ClientOp::Chat | ClientOp::Messages => {}
     }
     let mut needs = vec![Modality::Text];
@@ -575,6 +579,7 @@ fn operation(op: ClientOp, kind: ProviderKind) -> Option<Operation> {
         (ClientOp::Chat | ClientOp::Messages, ProviderKind::Anthropic) => Some(Operation::Messages),
         (ClientOp::Embeddings, ProviderKind::OpenAi) => Some(Operation::Embeddings),
         (ClientOp::Rerank, ProviderKind::OpenAi) => Some(Operation::Rerank),
+        (ClientOp::Transcription, ProviderKind::OpenAi) => Some(Operation::Transcription),
         _ => None,
     }
 }
@@ -1553,6 +1558,9 @@ async fn attempt(
         match translate_response(app, req.op, kind, &body) {
             Ok((bytes, usage)) => {
                 guard.succeed(usage.as_ref());
+                if let (ClientOp::Transcription, ClientBody::Json(map)) = (req.op, &req.body) {
+                    return Attempt::Served(crate::transcription::client_response(map, bytes));
+                }
                 let mut response = Response::new(Body::from(bytes));
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
@@ -1667,6 +1675,11 @@ fn translate_response(
         (ClientOp::Rerank, _) => {
             let _: Value = serde_json::from_slice(body).map_err(parse_err)?;
             Ok((body.clone(), None))
+        }
+        (ClientOp::Transcription, _) => {
+            // Every adapter answers OpenAI's `{"text", "usage"}`.
+            let usage = crate::transcription::usage_of(body)?;
+            Ok((body.clone(), usage))
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod signals;
 pub mod standalone;
 pub mod state;
 pub mod status;
+pub mod transcription;
 
 // Vendor adapters, wire formats, the upstream client and health probes live in
 // `switchyard-providers` (shared with the operator); re-exported under their old paths.

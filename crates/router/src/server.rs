@@ -109,6 +109,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/messages", post(messages))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/rerank", post(rerank))
+        .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/v1/models", get(models))
         .route("/status", get(status_handler))
         .route("/metrics", get(metrics_handler))
@@ -307,6 +308,10 @@ async fn rerank(State(app): State<Arc<App>>, request: Request) -> Response {
     handle(app, ClientOp::Rerank, request).await
 }
 
+async fn transcriptions(State(app): State<Arc<App>>, request: Request) -> Response {
+    handle(app, ClientOp::Transcription, request).await
+}
+
 /// A fresh request id: 128 random bits in hex.
 fn request_id(headers: &HeaderMap) -> String {
     headers
@@ -451,6 +456,7 @@ async fn prepare(
             format!("the request body is not valid: {e}"),
         )
     };
+    let mut audio_seconds = 0.0;
     let (body, model, stream, client_wants_usage) = match op {
         ClientOp::Chat => {
             let r: openai::ChatRequest = serde_json::from_slice(&bytes).map_err(invalid)?;
@@ -473,6 +479,20 @@ async fn prepare(
                 .to_owned();
             (ClientBody::Json(v), model, false, false)
         }
+        ClientOp::Transcription => {
+            let content_type = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok());
+            let (v, seconds) = crate::transcription::parse(content_type, bytes.clone()).await?;
+            audio_seconds = seconds;
+            let model = v
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            (ClientBody::Json(v), model, false, false)
+        }
     };
     let Some(&route_index) = live.table.by_model.get(&model) else {
         return Err(ApiError::new(
@@ -487,6 +507,7 @@ async fn prepare(
         (ClientOp::Chat | ClientOp::Messages, ServiceType::Chat)
             | (ClientOp::Embeddings, ServiceType::Embedding)
             | (ClientOp::Rerank, ServiceType::Rerank)
+            | (ClientOp::Transcription, ServiceType::Transcription)
     );
     if !endpoint_fits {
         return Err(ApiError::new(
@@ -498,6 +519,7 @@ async fn prepare(
                     ServiceType::Chat => "chat",
                     ServiceType::Embedding => "embedding",
                     ServiceType::Rerank => "rerank",
+                    ServiceType::Transcription => "transcription",
                 }
             ),
         ));
@@ -543,6 +565,9 @@ async fn prepare(
     let estimate = match &body {
         ClientBody::Chat(r) => crate::estimate::estimate_openai_chat(r, &params),
         ClientBody::Messages(r) => crate::estimate::estimate_anthropic_messages(r, &params),
+        ClientBody::Json(map) if op == ClientOp::Transcription => {
+            crate::transcription::estimate(audio_seconds, map.get("prompt").and_then(Value::as_str))
+        }
         ClientBody::Json(map) => {
             match serde_json::from_value::<openai::EmbeddingsRequest>(Value::Object(map.clone())) {
                 Ok(e) if op == ClientOp::Embeddings => {

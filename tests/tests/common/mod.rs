@@ -218,7 +218,7 @@ pub(crate) struct Policy {
     pub(crate) name: String,
     /// Public model name.
     pub(crate) model: String,
-    /// `chat`, `embedding` or `rerank`.
+    /// `chat`, `embedding`, `rerank` or `transcription`.
     pub(crate) service_type: String,
     /// Provider names in priority order.
     pub(crate) providers: Vec<String>,
@@ -241,6 +241,12 @@ impl Policy {
     /// A rerank policy (default strategy: power of two choices).
     pub(crate) fn rerank(model: &str, providers: &[&str]) -> Self {
         Self::new(model, "rerank", providers)
+    }
+
+    /// A transcription policy (`/v1/audio/transcriptions`; default strategy: sticky chain,
+    /// providers in priority order).
+    pub(crate) fn transcription(model: &str, providers: &[&str]) -> Self {
+        Self::new(model, "transcription", providers)
     }
 
     fn new(model: &str, service_type: &str, providers: &[&str]) -> Self {

@@ -18,6 +18,11 @@
 //! `promptTokenCount` includes `cachedContentTokenCount`, `thoughtsTokenCount` is separate,
 //! streamed usage is cumulative, so the last value counts).
 //!
+//! **Transcription** (Gemini only): the internal request of
+//! [`crate::wire::transcription`] becomes a `generateContent` call with the audio as
+//! `inlineData` and a verbatim-transcript instruction ([`gemini::encode_transcription`]); the
+//! answer is decoded to OpenAI's `{"text", "usage"}` ([`gemini::decode_transcription`]).
+//!
 //! **Auth**: [`auth::TokenSource`] (service-account key from the Secret, else the metadata
 //! server); `Authorization: Bearer`, marked sensitive. A 401 drops the token and the client
 //! re-sends once ([`crate::upstream::UpstreamClient::send`]).
@@ -170,6 +175,27 @@ impl Vertex {
     }
 }
 
+/// The Gemini `generateContent` body of an internal transcription request (audio inline,
+/// [`gemini::encode_transcription`]); `temperature` from the request when set.
+fn transcription_body(body: &[u8]) -> Result<Bytes, TransportError> {
+    let r: crate::wire::transcription::TranscriptionRequest = serde_json::from_slice(body)
+        .map_err(|e| TransportError::Config(format!("transcription body does not parse: {e}")))?;
+    let mut v = gemini::encode_transcription(
+        &r.audio_base64,
+        &r.mime_type,
+        r.language.as_deref(),
+        r.prompt.as_deref(),
+    );
+    if let Some(t) = r.temperature
+        && let Some(config) = v.get_mut("generationConfig").and_then(Value::as_object_mut)
+    {
+        config.insert("temperature".to_owned(), Value::from(t));
+    }
+    serde_json::to_vec(&v)
+        .map(Bytes::from)
+        .map_err(|e| TransportError::Config(e.to_string()))
+}
+
 /// Characters of a model id left as they are in the path (ids are `[a-z0-9.@-]`).
 const MODEL_ID: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')
@@ -217,7 +243,7 @@ impl Adapter for Vertex {
                 url.set_query(Some("alt=sse"));
             }
             let body = if call.op == Operation::Transcription {
-                call.body.clone()
+                transcription_body(&call.body)?
             } else {
                 self.body(&call)?
             };
@@ -348,6 +374,32 @@ mod tests {
         for bad in ["us-east-1", "useast5", "us-", "US-EAST5", "eu-west"] {
             assert!(!is_location_name(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn transcription_body_is_gemini_with_inline_audio() {
+        let internal = crate::wire::transcription::TranscriptionRequest {
+            model: "gemini-2.5-flash".into(),
+            audio_base64: "UklGRg==".into(),
+            mime_type: "audio/wav".into(),
+            file_name: "a.wav".into(),
+            language: Some("ja".into()),
+            prompt: None,
+            response_format: None,
+            temperature: Some(0.3),
+        };
+        let body = transcription_body(&internal.to_json().unwrap()).unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let parts = &v["contents"][0]["parts"];
+        assert_eq!(parts[1]["inlineData"]["mimeType"], "audio/wav");
+        assert_eq!(parts[1]["inlineData"]["data"], "UklGRg==");
+        assert!(parts[0]["text"].as_str().unwrap().contains("`ja`"));
+        assert_eq!(v["generationConfig"]["temperature"], 0.3);
+        assert!(v.get("model").is_none());
+        assert!(matches!(
+            transcription_body(b"{}"),
+            Err(TransportError::Config(_))
+        ));
     }
 
     #[test]

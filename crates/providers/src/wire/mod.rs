@@ -8,6 +8,7 @@ pub mod anthropic;
 pub mod classify;
 pub mod openai;
 pub mod sse;
+pub mod transcription;
 pub mod translate;
 pub mod usage;
 
