@@ -273,8 +273,6 @@ pub struct RoutingTable {
     pub tenants: Vec<Arc<Tenant>>,
     /// SHA-256 of an API key → tenant index. Keys themselves are not kept.
     pub by_key_hash: HashMap<[u8; 32], usize>,
-    /// Whether requests must authenticate (true as soon as any TenantQuota exists).
-    pub auth_required: bool,
     /// Problems found while building (shown by the standalone command and in status).
     pub warnings: Vec<String>,
     /// Revision of the configuration this table was built from, when the source has one
@@ -385,7 +383,6 @@ impl RoutingTable {
             }
             table.tenants.push(Arc::new(tenant));
         }
-        table.auth_required = !m.tenants.is_empty();
         let spend_limited = table
             .tenants
             .iter()

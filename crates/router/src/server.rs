@@ -34,6 +34,8 @@ pub struct App {
     pub clock: Clock,
     /// Largest accepted request body, bytes.
     pub max_body_bytes: usize,
+    /// Connection limits, timeouts and the authentication opt-out.
+    pub serve: ServeOptions,
     /// Whether the configuration has loaded (for `/readyz`).
     pub ready: std::sync::atomic::AtomicBool,
     /// Last known status of every condition, to keep `lastTransitionTime` until a flip.
@@ -49,6 +51,9 @@ pub struct App {
     /// Whether the tokenizer has loaded (`/readyz` waits for it: the first request would
     /// otherwise pay the load).
     pub warmed: std::sync::atomic::AtomicBool,
+    /// Permits for estimates on the blocking pool (one per core), so a burst of huge
+    /// requests queues instead of occupying hundreds of blocking threads.
+    pub estimators: tokio::sync::Semaphore,
 }
 
 impl App {
@@ -61,27 +66,66 @@ impl App {
         )
     }
 
-    /// An app serving `runtime` whose quotas live in `store` (in-process or Redis).
+    /// An app serving `runtime` whose quotas live in `store` (in-process or Redis), with the
+    /// default [`ServeOptions`] (API keys required).
     pub fn with_store(
         runtime: Arc<Runtime>,
         max_body_bytes: usize,
         store: switchyard_store::QuotaStore,
     ) -> Arc<App> {
+        Self::with_options(runtime, max_body_bytes, store, ServeOptions::default())
+    }
+
+    /// An app with explicit [`ServeOptions`].
+    pub fn with_options(
+        runtime: Arc<Runtime>,
+        max_body_bytes: usize,
+        store: switchyard_store::QuotaStore,
+        serve: ServeOptions,
+    ) -> Arc<App> {
+        let metrics = Metrics::new();
+        metrics
+            .anonymous_access
+            .set(i64::from(serve.allow_anonymous));
         Arc::new(App {
+            serve,
             broker: crate::broker::Broker::new(store),
             calibrations: crate::estimate::RouteCalibrations::new(),
             warmed: std::sync::atomic::AtomicBool::new(false),
+            estimators: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            ),
             idempotency: Arc::new(crate::idempotency::Idempotency::new(
                 DEFAULT_IDEMPOTENCY_TTL,
             )),
             runtime,
-            metrics: Metrics::new(),
+            metrics,
             clock: Clock::new(),
             max_body_bytes,
             ready: std::sync::atomic::AtomicBool::new(true),
             transitions: crate::status::Transitions::default(),
             config_messages: std::sync::Mutex::new(Vec::new()),
         })
+    }
+}
+
+/// Settings of the client-facing server that are not configuration objects: they belong to
+/// the process (flags), so no change to the manifests or the cluster can alter them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Serve requests that carry no API key, as the tenant-less `anonymous` project
+    /// (`--allow-anonymous`; off by default). Off, every client request needs the key of a
+    /// TenantQuota — with no TenantQuota at all, every request is refused with 401. Whether a
+    /// TenantQuota exists never turns authentication on or off (issue 12 item 5). Shown in
+    /// `/status` (`authentication`) and as the `switchyard_anonymous_access_allowed` gauge.
+    pub allow_anonymous: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            allow_anonymous: false,
+        }
     }
 }
 
@@ -252,7 +296,7 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
             )
             .into_response(dialect);
         }
-        None if live.table.auth_required => {
+        None if !app.serve.allow_anonymous => {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "missing_api_key",
@@ -314,10 +358,9 @@ fn api_key(headers: &HeaderMap) -> Option<&str> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        return v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-            .map(str::trim);
+        // The auth scheme is case-insensitive (RFC 9110 §11.1): `Bearer`, `bearer`, `BEARER`.
+        let (scheme, token) = v.split_once(' ')?;
+        return scheme.eq_ignore_ascii_case("bearer").then(|| token.trim());
     }
     headers
         .get("x-api-key")
@@ -418,7 +461,7 @@ async fn prepare(
                 ));
             }
         },
-        None if live.table.auth_required => {
+        None if !app.serve.allow_anonymous => {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "missing_api_key",
@@ -532,26 +575,7 @@ async fn prepare(
         pricing: crate::wire::usage::Pricing::default(),
         ratio: app.calibrations.ratio(&route.key),
     };
-    let estimate = match &body {
-        ClientBody::Chat(r) => crate::estimate::estimate_openai_chat(r, &params),
-        ClientBody::Messages(r) => crate::estimate::estimate_anthropic_messages(r, &params),
-        ClientBody::Json(map) => {
-            match serde_json::from_value::<openai::EmbeddingsRequest>(Value::Object(map.clone())) {
-                Ok(e) if op == ClientOp::Embeddings => {
-                    crate::estimate::estimate_openai_embeddings(&e, &params)
-                }
-                // Rerank: no tokenizer walk; about four bytes per token.
-                _ => {
-                    let raw = u64::try_from(bytes.len() / 4).unwrap_or(u64::MAX);
-                    crate::estimate::Estimate {
-                        raw_input_tokens: raw,
-                        input_tokens: raw,
-                        ..Default::default()
-                    }
-                }
-            }
-        }
-    };
+    let (body, estimate) = estimate_off_runtime(app, op, body, bytes.len(), params).await?;
     let estimated_input_tokens = estimate.input_tokens;
     let output_allowance = estimate.output_tokens;
     Ok((
@@ -571,6 +595,70 @@ async fn prepare(
             fingerprint: xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, op as u64),
         },
     ))
+}
+
+/// Bodies up to this size are estimated on the handler's task (≤ ~20 µs per 4 KB); larger ones
+/// on tokio's blocking pool, so that tokenizing up to [`crate::estimate::EXACT_BUDGET_BYTES`]
+/// of text never holds a runtime worker that other connections (and `/healthz`) need.
+pub const INLINE_ESTIMATE_MAX_BYTES: usize = 64 * 1024;
+
+/// Step 2 of the request path, off the runtime for large bodies: at most
+/// [`App::estimators`] estimates run on the blocking pool at once (one per core), the others
+/// wait for a permit without holding a thread.
+async fn estimate_off_runtime(
+    app: &App,
+    op: ClientOp,
+    body: ClientBody,
+    body_bytes: usize,
+    params: crate::estimate::EstimateParams,
+) -> Result<(ClientBody, crate::estimate::Estimate), ApiError> {
+    if body_bytes <= INLINE_ESTIMATE_MAX_BYTES {
+        let estimate = estimate_body(op, &body, body_bytes, &params);
+        return Ok((body, estimate));
+    }
+    let internal = || {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error while estimating the request",
+        )
+    };
+    let _permit = app.estimators.acquire().await.map_err(|_| internal())?;
+    tokio::task::spawn_blocking(move || {
+        let estimate = estimate_body(op, &body, body_bytes, &params);
+        (body, estimate)
+    })
+    .await
+    .map_err(|_| internal())
+}
+
+/// The estimate of a parsed body (tokenizer walk; rerank: about four bytes per token).
+fn estimate_body(
+    op: ClientOp,
+    body: &ClientBody,
+    body_bytes: usize,
+    params: &crate::estimate::EstimateParams,
+) -> crate::estimate::Estimate {
+    match body {
+        ClientBody::Chat(r) => crate::estimate::estimate_openai_chat(r, params),
+        ClientBody::Messages(r) => crate::estimate::estimate_anthropic_messages(r, params),
+        ClientBody::Json(map) => {
+            match serde_json::from_value::<openai::EmbeddingsRequest>(Value::Object(map.clone())) {
+                Ok(e) if op == ClientOp::Embeddings => {
+                    crate::estimate::estimate_openai_embeddings(&e, params)
+                }
+                // Rerank: no tokenizer walk; about four bytes per token.
+                _ => {
+                    let raw = u64::try_from(body_bytes / 4).unwrap_or(u64::MAX);
+                    crate::estimate::Estimate {
+                        raw_input_tokens: raw,
+                        input_tokens: raw,
+                        ..Default::default()
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Rejects what the providers' own APIs would reject before anything is sent: an empty

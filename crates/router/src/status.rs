@@ -88,6 +88,19 @@ pub struct StatusDocument {
     /// mode), so replicas can be compared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// How clients authenticate on this process.
+    #[serde(default)]
+    pub authentication: AuthenticationStatus,
+}
+
+/// The authentication mode of the process (a flag, never derived from the configuration).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthenticationStatus {
+    /// Whether a request without an API key is served (`--allow-anonymous`).
+    pub anonymous_allowed: bool,
+    /// One line for people: what a request without a key gets.
+    pub message: String,
 }
 
 /// "serving", or why the provider is taking no traffic right now: a Retry-After or exhaustion
@@ -350,6 +363,14 @@ pub fn snapshot(app: &App) -> StatusDocument {
         tenants,
         messages,
         revision: live.table.revision.clone(),
+        authentication: AuthenticationStatus {
+            anonymous_allowed: app.serve.allow_anonymous,
+            message: if app.serve.allow_anonymous {
+                "requests without an API key are served as anonymous (--allow-anonymous)".to_owned()
+            } else {
+                "an API key of a TenantQuota is required on every request".to_owned()
+            },
+        },
     }
 }
 
@@ -363,6 +384,9 @@ pub fn render_table(doc: &StatusDocument) -> String {
 
     use switchyard_api::provider::health_reason;
     let mut out = String::new();
+    if !doc.authentication.message.is_empty() {
+        let _ = writeln!(out, "AUTHENTICATION: {}\n", doc.authentication.message);
+    }
     let _ = writeln!(out, "LLMPROVIDERS");
     let _ = writeln!(
         out,

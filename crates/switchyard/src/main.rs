@@ -43,6 +43,8 @@ enum Command {
         no_watch: bool,
         #[command(flatten)]
         redis: RedisArgs,
+        #[command(flatten)]
+        serve: ServeArgs,
         /// How long a completed non-streaming answer is replayed to a request repeating its
         /// `Idempotency-Key`.
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
@@ -76,6 +78,8 @@ enum Command {
         resync: std::time::Duration,
         #[command(flatten)]
         redis: RedisArgs,
+        #[command(flatten)]
+        serve: ServeArgs,
     },
     /// Print the computed status of a running router as tables.
     Status {
@@ -185,6 +189,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_body_bytes,
             resync,
             redis,
+            serve,
         } => runtime()?.block_on(async move {
             use switchyard_router::kube_source;
             let (client, default_namespace) = kube_source::connect(kubeconfig.as_deref()).await?;
@@ -193,6 +198,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             options.max_body_bytes = max_body_bytes;
             options.resync = resync;
             options.redis = redis.options();
+            options.serve = serve.options();
             with_drain(|shutdown| kube_source::run(client, options, shutdown))
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))
@@ -205,6 +211,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_body_bytes,
             no_watch,
             redis,
+            serve,
             idempotency_ttl,
         } => runtime()?.block_on(async move {
             let mut handles = Vec::new();
@@ -233,6 +240,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 watch: !no_watch,
                 redis: redis.options(),
                 idempotency_ttl,
+                serve: serve.options(),
             };
             let served =
                 with_drain(|shutdown| switchyard_router::standalone::run(options, shutdown)).await;
@@ -270,6 +278,25 @@ impl RedisArgs {
             op_timeout: self.redis_timeout,
             ..switchyard_store::RedisOptions::new(url)
         })
+    }
+}
+
+/// The client-facing server's process settings (shared by `standalone` and `router`).
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Serve requests that carry no API key (as the `anonymous` project). Off by default:
+    /// every request needs a TenantQuota's key, and with no TenantQuota every request gets
+    /// 401. Shown in `/status` and as the `switchyard_anonymous_access_allowed` metric.
+    #[arg(long, env = "SWITCHYARD_ALLOW_ANONYMOUS")]
+    allow_anonymous: bool,
+}
+
+impl ServeArgs {
+    fn options(self) -> switchyard_router::server::ServeOptions {
+        switchyard_router::server::ServeOptions {
+            allow_anonymous: self.allow_anonymous,
+            ..Default::default()
+        }
     }
 }
 
