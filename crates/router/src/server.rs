@@ -538,6 +538,21 @@ async fn prepare(
         ));
     }
     check_body(&body)?;
+    // A limit that cannot be built is never silently dropped: the route or tenant declaring
+    // it takes no traffic until it is fixed (issue 12 item 8).
+    let unenforceable = route
+        .limit_problems
+        .first()
+        .or_else(|| tenant.as_ref().and_then(|t| t.limit_problems.first()));
+    if let Some(problem) = unenforceable {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "quota_config_invalid",
+            format!(
+                "a configured limit cannot be enforced ({problem}); the request is refused until the configuration is fixed"
+            ),
+        ));
+    }
     if let Some(t) = &tenant
         && !t.may_use(&route.name)
     {

@@ -261,7 +261,20 @@ pub fn snapshot(app: &App) -> StatusDocument {
                 })
                 .collect();
             let usable = entries.iter().filter(|e| e.eligible).count();
-            let ready = if usable > 0 {
+            let ready = if !r.limit_problems.is_empty() {
+                t.condition(
+                    &r.key,
+                    condition::READY,
+                    false,
+                    reason::INVALID_SPEC,
+                    format!(
+                        "a limit cannot be enforced, requests are refused: {}",
+                        r.limit_problems.join("; ")
+                    ),
+                    r.generation,
+                    now,
+                )
+            } else if usable > 0 {
                 t.condition(
                     &r.key,
                     condition::READY,
@@ -319,7 +332,20 @@ pub fn snapshot(app: &App) -> StatusDocument {
         .tenants
         .iter()
         .map(|tenant| {
-            let ready = if tenant.key_problems.is_empty() {
+            let ready = if !tenant.limit_problems.is_empty() {
+                t.condition(
+                    &tenant.key,
+                    condition::READY,
+                    false,
+                    reason::INVALID_SPEC,
+                    format!(
+                        "a limit cannot be enforced, requests are refused: {}",
+                        tenant.limit_problems.join("; ")
+                    ),
+                    tenant.generation,
+                    now,
+                )
+            } else if tenant.key_problems.is_empty() {
                 t.condition(
                     &tenant.key,
                     condition::READY,
