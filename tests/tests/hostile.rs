@@ -155,3 +155,178 @@ async fn huge_runs_do_not_stall_the_router() {
         "/healthz took {slowest:?} while big requests were estimated"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Items 2 and 3: slow and malformed clients, on raw TCP.
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+/// Reads one HTTP/1.1 response (head, then a `Content-Length` body) within `within`;
+/// returns the status and the body.
+async fn read_response(conn: &mut TcpStream, within: Duration) -> (u16, String) {
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + within;
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(head_end) = text.find("\r\n\r\n") {
+            let head = &text[..head_end];
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if buf.len() >= head_end + 4 + length {
+                let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap();
+                return (status, text[head_end + 4..head_end + 4 + length].to_owned());
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout_at(deadline, conn.read(&mut chunk))
+            .await
+            .unwrap_or_else(|_| panic!("no full response within {within:?}: {text:?}"))
+            .unwrap();
+        assert!(n > 0, "connection closed before a full response: {text:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Whether the server closes `conn` within `within` (reads 0 bytes or a reset).
+async fn closed_within(conn: &mut TcpStream, within: Duration) -> bool {
+    let mut chunk = [0u8; 1024];
+    let deadline = Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, conn.read(&mut chunk)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+fn short_timeouts() -> Setup {
+    one_provider()
+        .env("SWITCHYARD_HEADER_READ_TIMEOUT", "1s")
+        .env("SWITCHYARD_BODY_READ_TIMEOUT", "1s")
+}
+
+/// Item 2: clients trickling their headers are disconnected after the header-read timeout,
+/// and so are idle keep-alive connections; other clients are served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_headers_and_idle_keep_alive_are_closed() {
+    let _g = serial().await;
+    let stack = Stack::start(short_timeouts()).await;
+    let addr = stack.router.addr;
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+            .await
+            .unwrap();
+        slow.push(c);
+    }
+    // One more byte of header on each, as a trickling client would send.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for c in &mut slow {
+        let _ = c.write_all(b"a").await;
+    }
+    assert_eq!(
+        stack.chat(MODEL, None).await.status,
+        200,
+        "others are served"
+    );
+    for (i, c) in slow.iter_mut().enumerate() {
+        assert!(
+            closed_within(c, Duration::from_secs(5)).await,
+            "slow connection {i} still open after the header timeout"
+        );
+    }
+    // Idle keep-alive: a complete request, then silence.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, body) = read_response(&mut c, Duration::from_secs(5)).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    assert!(
+        closed_within(&mut c, Duration::from_secs(5)).await,
+        "idle keep-alive connection not closed"
+    );
+}
+
+fn chat_head(extra: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\n{extra}\r\n"
+    )
+}
+
+/// Item 3: each body-read failure has its own status, in the OpenAI error shape: 400 for
+/// broken framing (a bad chunk size, a body cut short), 408 for a body that stops arriving,
+/// 413 only for size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_framing_errors_have_their_own_status_and_shape() {
+    let _g = serial().await;
+    let stack = Stack::start(short_timeouts()).await;
+    let addr = stack.router.addr;
+    let code = |body: &str| -> String {
+        serde_json::from_str::<serde_json::Value>(body).unwrap()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+
+    // A malformed chunk size.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{}zz\r\n{{}}\r\n0\r\n\r\n",
+        chat_head("Transfer-Encoding: chunked\r\n")
+    );
+    c.write_all(req.as_bytes()).await.unwrap();
+    let (status, body) = read_response(&mut c, Duration::from_secs(5)).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(code(&body), "invalid_request", "{body}");
+
+    // A body shorter than its Content-Length, the client done sending.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let req = format!("{}{{\"model\":", chat_head("Content-Length: 100\r\n"));
+    c.write_all(req.as_bytes()).await.unwrap();
+    c.shutdown().await.unwrap();
+    let (status, body) = read_response(&mut c, Duration::from_secs(5)).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(code(&body), "invalid_request", "{body}");
+
+    // A body that stops arriving: 408 after the body-read timeout.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let req = format!("{}{{\"model\":", chat_head("Content-Length: 100\r\n"));
+    c.write_all(req.as_bytes()).await.unwrap();
+    let t0 = Instant::now();
+    let (status, body) = read_response(&mut c, Duration::from_secs(5)).await;
+    assert_eq!(status, 408, "{body}");
+    assert_eq!(code(&body), "request_timeout", "{body}");
+    assert!(t0.elapsed() >= Duration::from_millis(900));
+
+    // Too large by its Content-Length: 413 before reading.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let req = chat_head("Content-Length: 999999999999\r\n");
+    c.write_all(req.as_bytes()).await.unwrap();
+    let (status, body) = read_response(&mut c, Duration::from_secs(5)).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(code(&body), "request_too_large", "{body}");
+
+    // Two Transfer-Encoding headers: never a 413.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{}2\r\n{{}}\r\n0\r\n\r\n",
+        chat_head("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n")
+    );
+    c.write_all(req.as_bytes()).await.unwrap();
+    let (status, body) = read_response(&mut c, Duration::from_secs(5)).await;
+    assert_eq!(status, 400, "{body}");
+
+    // The same connection type still serves a well-formed request.
+    assert_eq!(stack.chat(MODEL, None).await.status, 200);
+}

@@ -119,12 +119,35 @@ pub struct ServeOptions {
     /// TenantQuota exists never turns authentication on or off (issue 12 item 5). Shown in
     /// `/status` (`authentication`) and as the `switchyard_anonymous_access_allowed` gauge.
     pub allow_anonymous: bool,
+    /// Longest time a client may take to send a request's head (request line and headers),
+    /// and to start the next request on a keep-alive connection; past it the connection is
+    /// closed (slowloris). Default [`DEFAULT_HEADER_READ_TIMEOUT`].
+    pub header_read_timeout: Duration,
+    /// Longest time reading a request body may take once the head is in; past it the client
+    /// gets 408 in its API's error shape. Default [`DEFAULT_BODY_READ_TIMEOUT`].
+    pub body_read_timeout: Duration,
+    /// Client connections served at once; more wait in the kernel's listen backlog.
+    /// Default [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: usize,
 }
+
+/// Default [`ServeOptions::header_read_timeout`]: 10 s, ample for any client on a working
+/// network (a request head is one or two packets), short enough that a slowloris client
+/// holds a connection for seconds, not forever.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`ServeOptions::body_read_timeout`]: 60 s, a 32 MiB body at ~4 Mbit/s.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default [`ServeOptions::max_connections`]: 4096, below the usual 65 536 descriptors
+/// limit with room for upstream connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             allow_anonymous: false,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -470,15 +493,13 @@ async fn prepare(
         }
         None => None,
     };
-    let bytes = axum::body::to_bytes(Body::new(body), app.max_body_bytes)
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                format!("the request body exceeds {} bytes", app.max_body_bytes),
-            )
-        })?;
+    let bytes = read_body(
+        &parts.headers,
+        Body::new(body),
+        app.max_body_bytes,
+        app.serve.body_read_timeout,
+    )
+    .await?;
     let invalid = |e: serde_json::Error| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -612,6 +633,64 @@ async fn prepare(
     ))
 }
 
+/// Reads a request body with its three distinct failures (issue 12 item 3): 413 only when it
+/// is larger than `max` (a `Content-Length` above it is refused before reading), 400 when the
+/// framing is broken (a bad chunk size, a body shorter than its `Content-Length`), 408 when
+/// it stops arriving for `timeout` in all.
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    max: usize,
+    timeout: Duration,
+) -> Result<bytes::Bytes, ApiError> {
+    use futures::StreamExt as _;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("the request body exceeds {max} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut stream = body.into_data_stream();
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!(
+                        "the request body did not arrive within {} s",
+                        timeout.as_secs_f64()
+                    ),
+                ));
+            }
+            Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(Ok(chunk))) => {
+                if buf.len().saturating_add(chunk.len()) > max {
+                    return Err(too_large());
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    format!("the request body is malformed: {e}"),
+                ));
+            }
+        }
+    }
+}
+
 /// Bodies up to this size are estimated on the handler's task (≤ ~20 µs per 4 KB); larger ones
 /// on tokio's blocking pool, so that tokenizing up to [`crate::estimate::EXACT_BUDGET_BYTES`]
 /// of text never holds a runtime worker that other connections (and `/healthz`) need.
@@ -708,14 +787,6 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt as _;
-    // Without TCP_NODELAY a streamed response, written in several small writes, waits for the
-    // client's delayed ACK (40 ms on Linux) after its first write (docs/benchmarks.md).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "failed to set TCP_NODELAY on a client connection");
-        }
-    });
     let pump = tokio::spawn(app.broker.clone().run_pump(app.clock));
     let signals = tokio::spawn(crate::signals::run(app.clone()));
     // Load the tokenizer's vocabulary now rather than in the first request; ready after.
@@ -726,12 +797,90 @@ pub async fn serve(
             .warmed
             .store(true, std::sync::atomic::Ordering::Relaxed);
     });
-    let served = axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let options = app.serve.clone();
+    let served = accept_loop(listener, router(app), &options, shutdown).await;
     pump.abort();
     signals.abort();
     served
+}
+
+/// The HTTP/1.1 server (hyper) with the connection-level protections of [`ServeOptions`]:
+/// at most `max_connections` at once (further clients wait in the listen backlog), a deadline
+/// for the request head (which hyper also applies to the wait for the next request on a
+/// keep-alive connection, so it is the idle timeout as well), and a graceful stop: on
+/// `shutdown` no new connection is accepted, idle ones close, and in-flight requests finish.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    options: &ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut conns = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        while conns.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            r = listener.accept() => r,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Typically EMFILE: back off instead of spinning.
+                tracing::warn!(error = %e, "failed to accept a client connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Without TCP_NODELAY a streamed response, written in several small writes, waits for
+        // the client's delayed ACK (40 ms on Linux) after its first write (docs/benchmarks.md).
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "failed to set TCP_NODELAY on a client connection");
+        }
+        let app = app.clone();
+        let mut stop = stop_rx.clone();
+        let header_timeout = options.header_read_timeout;
+        conns.spawn(async move {
+            let _permit = permit;
+            let service =
+                hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                    let mut app = app.clone();
+                    async move { tower::Service::call(&mut app, request.map(Body::new)).await }
+                });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "client connection ended with an error");
+                    }
+                    return;
+                }
+                _ = stop.wait_for(|s| *s) => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    while conns.join_next().await.is_some() {}
+    Ok(())
 }
 
 /// How often the control loop housekeeping runs.

@@ -289,13 +289,26 @@ struct ServeArgs {
     /// 401. Shown in `/status` and as the `switchyard_anonymous_access_allowed` metric.
     #[arg(long, env = "SWITCHYARD_ALLOW_ANONYMOUS")]
     allow_anonymous: bool,
+    /// Longest time a client may take to send a request's head, and to start its next
+    /// request on a keep-alive connection (so also the idle keep-alive timeout); the
+    /// connection is closed past it.
+    #[arg(long, env = "SWITCHYARD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    header_read_timeout: std::time::Duration,
+    /// Longest time reading a request body may take; past it the client gets 408.
+    #[arg(long, env = "SWITCHYARD_BODY_READ_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    body_read_timeout: std::time::Duration,
+    /// Client connections served at once; further clients wait in the listen backlog.
+    #[arg(long, env = "SWITCHYARD_MAX_CONNECTIONS", default_value_t = switchyard_router::server::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
 }
 
 impl ServeArgs {
     fn options(self) -> switchyard_router::server::ServeOptions {
         switchyard_router::server::ServeOptions {
             allow_anonymous: self.allow_anonymous,
-            ..Default::default()
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            max_connections: self.max_connections,
         }
     }
 }
