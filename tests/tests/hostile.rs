@@ -330,3 +330,44 @@ async fn body_framing_errors_have_their_own_status_and_shape() {
     // The same connection type still serves a well-formed request.
     assert_eq!(stack.chat(MODEL, None).await.status, 200);
 }
+
+/// Item 6: an OpenAI request with parameters Anthropic has no equivalent for is refused with
+/// 400 naming them (before: 200 with them silently ignored); a route with
+/// `lossyTranslation: true` serves it and lists what was dropped in a header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lossy_translation_is_refused_or_reported() {
+    let _g = serial().await;
+    let setup = |lossy: bool| {
+        let mut policy = Policy::chat(MODEL, &["a1"]);
+        if lossy {
+            policy = policy.with("lossyTranslation: true");
+        }
+        Setup::new()
+            .provider(Provider::anthropic("a1"))
+            .policy(policy)
+    };
+    let mut body = chat_body(MODEL, "hello", false);
+    body["seed"] = json!(7);
+    body["logit_bias"] = json!({"50256": -100});
+
+    let stack = Stack::start(setup(false)).await;
+    let r = stack.chat_body(MODEL, None, body.clone()).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], json!("unsupported_parameter"));
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("logit_bias, seed"), "{message}");
+    assert_eq!(stack.calls_on("a1", "/v1/messages"), 0, "nothing was sent");
+    // Without the unmappable parameters the same route serves.
+    assert_eq!(stack.chat(MODEL, None).await.status, 200);
+    drop(stack);
+
+    let stack = Stack::start(setup(true)).await;
+    let r = stack.chat_body(MODEL, None, body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.header("x-switchyard-dropped-parameters").as_deref(),
+        Some("logit_bias, seed")
+    );
+    let clean = stack.chat(MODEL, None).await;
+    assert_eq!(clean.header("x-switchyard-dropped-parameters"), None);
+}

@@ -213,6 +213,9 @@ pub struct Route {
     /// Limits that could not be built (`spec.limits[i]: why`): while any is listed the
     /// route refuses its requests (503 `quota_config_invalid`) and status says why.
     pub limit_problems: Vec<String>,
+    /// Whether parameters without an equivalent in the provider's dialect are dropped (and
+    /// listed in a response header) instead of refused (RoutingPolicy `lossyTranslation`).
+    pub lossy_translation: bool,
     /// Metadata generation the config was built from.
     pub generation: Option<i64>,
 }
@@ -679,6 +682,7 @@ fn build_route(
         allowed_regions: spec.allowed_regions.clone(),
         buckets,
         limit_problems,
+        lossy_translation: spec.lossy_translation.unwrap_or(false),
         generation: policy.metadata.generation,
     }
 }

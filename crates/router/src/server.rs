@@ -629,6 +629,7 @@ async fn prepare(
             output_allowance,
             estimate,
             fingerprint: xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, op as u64),
+            dropped: Default::default(),
         },
     ))
 }
