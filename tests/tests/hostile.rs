@@ -371,3 +371,28 @@ async fn lossy_translation_is_refused_or_reported() {
     let clean = stack.chat(MODEL, None).await;
     assert_eq!(clean.header("x-switchyard-dropped-parameters"), None);
 }
+
+/// Item 7: a wrong-typed `model` on embeddings and rerank is a 400 (was 404 `model ""`), and
+/// an unknown model's name is echoed back cut to 256 bytes (a 1 MB name was echoed whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_typed_and_huge_model_names() {
+    let _g = serial().await;
+    let stack = Stack::start(one_provider()).await;
+    for path in ["/v1/embeddings", "/v1/rerank"] {
+        for model in [json!(5), json!(null), json!(["m"])] {
+            let r = send(
+                stack
+                    .post(path)
+                    .json(&json!({"model": model, "input": "x", "query": "q", "documents": ["d"]})),
+            )
+            .await;
+            assert_eq!(r.status, 400, "{path} {model}: {}", r.body);
+            assert!(r.body.contains("`model` must be a string"), "{}", r.body);
+        }
+    }
+    let huge = "m".repeat(1 << 20);
+    let r = stack.chat_body(&huge, None, chat_body(&huge, "hi", false)).await;
+    assert_eq!(r.status, 404);
+    assert!(r.body.len() < 1024, "{} bytes echoed", r.body.len());
+    assert!(r.body.contains(&format!("{}…", "m".repeat(256))), "{}", r.body);
+}

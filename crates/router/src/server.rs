@@ -522,11 +522,23 @@ async fn prepare(
         ClientOp::Embeddings | ClientOp::Rerank => {
             let v: serde_json::Map<String, Value> =
                 serde_json::from_slice(&bytes).map_err(invalid)?;
-            let model = v
-                .get("model")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
+            let model = match v.get("model") {
+                Some(Value::String(m)) => m.clone(),
+                Some(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request",
+                        "the request body is not valid: `model` must be a string",
+                    ));
+                }
+                None => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request",
+                        "the request body is not valid: missing field `model`",
+                    ));
+                }
+            };
             (ClientBody::Json(v), model, false, false)
         }
     };
@@ -534,7 +546,7 @@ async fn prepare(
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "model_not_found",
-            format!("the model {model:?} does not exist"),
+            format!("the model {:?} does not exist", shown(&model)),
         ));
     };
     let route = &live.table.routes[route_index];
@@ -754,6 +766,20 @@ fn estimate_body(
             }
         }
     }
+}
+
+/// A client-supplied name as echoed in an error message: at most 256 bytes (cut at a
+/// character boundary, marked with `…`), so a megabyte of model name is not sent back.
+fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 256;
+    if name.len() <= MAX {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut cut = MAX;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &name[..cut]))
 }
 
 /// Rejects what the providers' own APIs would reject before anything is sent: an empty

@@ -374,11 +374,15 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
     } else {
         switchyard_router::status::render_table(&doc)
     };
-    #[allow(clippy::print_stdout)] // the command's output
-    {
-        println!("{text}");
+    // The command's output. A closed pipe (`switchyard status | head`) ends it quietly rather
+    // than panicking as `println!` would.
+    use std::io::Write as _;
+    match writeln!(std::io::stdout(), "{text}") {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::from(e).context("failed to write the status"))
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 fn simulate(scenarios: &[PathBuf], out: &std::path::Path) -> anyhow::Result<()> {
