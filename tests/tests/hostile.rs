@@ -380,19 +380,24 @@ async fn wrong_typed_and_huge_model_names() {
     let stack = Stack::start(one_provider()).await;
     for path in ["/v1/embeddings", "/v1/rerank"] {
         for model in [json!(5), json!(null), json!(["m"])] {
-            let r = send(
-                stack
-                    .post(path)
-                    .json(&json!({"model": model, "input": "x", "query": "q", "documents": ["d"]})),
-            )
-            .await;
+            let r =
+                send(stack.post(path).json(
+                    &json!({"model": model, "input": "x", "query": "q", "documents": ["d"]}),
+                ))
+                .await;
             assert_eq!(r.status, 400, "{path} {model}: {}", r.body);
             assert!(r.body.contains("`model` must be a string"), "{}", r.body);
         }
     }
     let huge = "m".repeat(1 << 20);
-    let r = stack.chat_body(&huge, None, chat_body(&huge, "hi", false)).await;
+    let r = stack
+        .chat_body(&huge, None, chat_body(&huge, "hi", false))
+        .await;
     assert_eq!(r.status, 404);
     assert!(r.body.len() < 1024, "{} bytes echoed", r.body.len());
-    assert!(r.body.contains(&format!("{}…", "m".repeat(256))), "{}", r.body);
+    assert!(
+        r.body.contains(&format!("{}…", "m".repeat(256))),
+        "{}",
+        r.body
+    );
 }
