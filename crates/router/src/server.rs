@@ -782,8 +782,16 @@ fn shown(name: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(format!("{}…", &name[..cut]))
 }
 
+/// Largest output cap (`max_tokens`, `max_completion_tokens`) forwarded: above every current
+/// model's output limit (128 k), far below values that would saturate a reservation.
+pub const MAX_OUTPUT_TOKENS: u64 = 1_000_000;
+/// Largest `n` (choices) forwarded: OpenAI's own limit.
+pub const MAX_CHOICES: u32 = 128;
+/// Largest embeddings `dimensions` forwarded (text-embedding-3-large has 3072).
+pub const MAX_EMBEDDING_DIMENSIONS: u64 = 65_536;
+
 /// Rejects what the providers' own APIs would reject before anything is sent: an empty
-/// conversation or an output cap of zero.
+/// conversation, an output cap of zero or out of range, `n` or `dimensions` out of range.
 fn check_body(body: &ClientBody) -> Result<(), ApiError> {
     let invalid = |m: &str| Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m));
     match body {
@@ -794,6 +802,14 @@ fn check_body(body: &ClientBody) -> Result<(), ApiError> {
             if r.output_cap() == Some(0) {
                 return invalid("`max_tokens` / `max_completion_tokens` must be at least 1");
             }
+            if r.output_cap().is_some_and(|c| c > MAX_OUTPUT_TOKENS) {
+                return invalid(&format!(
+                    "`max_tokens` / `max_completion_tokens` must be at most {MAX_OUTPUT_TOKENS}"
+                ));
+            }
+            if r.n.is_some_and(|n| !(1..=MAX_CHOICES).contains(&n)) {
+                return invalid(&format!("`n` must be from 1 to {MAX_CHOICES}"));
+            }
         }
         ClientBody::Messages(r) => {
             if r.messages.is_empty() {
@@ -802,8 +818,21 @@ fn check_body(body: &ClientBody) -> Result<(), ApiError> {
             if r.max_tokens == 0 {
                 return invalid("`max_tokens` must be at least 1");
             }
+            if r.max_tokens > MAX_OUTPUT_TOKENS {
+                return invalid(&format!("`max_tokens` must be at most {MAX_OUTPUT_TOKENS}"));
+            }
         }
-        ClientBody::Json(_) => {}
+        ClientBody::Json(map) => {
+            if let Some(d) = map.get("dimensions").filter(|d| !d.is_null())
+                && !d
+                    .as_u64()
+                    .is_some_and(|d| (1..=MAX_EMBEDDING_DIMENSIONS).contains(&d))
+            {
+                return invalid(&format!(
+                    "`dimensions` must be an integer from 1 to {MAX_EMBEDDING_DIMENSIONS}"
+                ));
+            }
+        }
     }
     Ok(())
 }
