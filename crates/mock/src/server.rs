@@ -1037,7 +1037,7 @@ async fn embeddings(ctx: Ctx) -> Response {
     if texts.len() > MAX_EMBEDDING_INPUTS {
         let mut spec = ErrorSpec::new(
             400,
-            &format!("'input' must have at most {MAX_EMBEDDING_INPUTS} items."),
+            format!("'input' must have at most {MAX_EMBEDDING_INPUTS} items."),
         );
         spec.param = Some("input".to_owned());
         return ctx.error(spec);
@@ -1049,7 +1049,7 @@ async fn embeddings(ctx: Ctx) -> Response {
             _ => {
                 let mut spec = ErrorSpec::new(
                     400,
-                    &format!(
+                    format!(
                         "'dimensions' must be an integer from 1 to {MAX_EMBEDDING_DIMENSIONS}."
                     ),
                 );
