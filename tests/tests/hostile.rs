@@ -380,19 +380,87 @@ async fn wrong_typed_and_huge_model_names() {
     let stack = Stack::start(one_provider()).await;
     for path in ["/v1/embeddings", "/v1/rerank"] {
         for model in [json!(5), json!(null), json!(["m"])] {
-            let r = send(
-                stack
-                    .post(path)
-                    .json(&json!({"model": model, "input": "x", "query": "q", "documents": ["d"]})),
-            )
-            .await;
+            let r =
+                send(stack.post(path).json(
+                    &json!({"model": model, "input": "x", "query": "q", "documents": ["d"]}),
+                ))
+                .await;
             assert_eq!(r.status, 400, "{path} {model}: {}", r.body);
             assert!(r.body.contains("`model` must be a string"), "{}", r.body);
         }
     }
     let huge = "m".repeat(1 << 20);
-    let r = stack.chat_body(&huge, None, chat_body(&huge, "hi", false)).await;
+    let r = stack
+        .chat_body(&huge, None, chat_body(&huge, "hi", false))
+        .await;
     assert_eq!(r.status, 404);
     assert!(r.body.len() < 1024, "{} bytes echoed", r.body.len());
-    assert!(r.body.contains(&format!("{}…", "m".repeat(256))), "{}", r.body);
+    assert!(
+        r.body.contains(&format!("{}…", "m".repeat(256))),
+        "{}",
+        r.body
+    );
+}
+
+/// Item 4: the router refuses out-of-range sizes it would forward (`n`, output caps,
+/// `dimensions`) with 400 in the client's shape, and the mock bounds what it allocates
+/// (`dimensions: 4294967296` drove it to 12 GB; 2^64−1 panicked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_sizes_are_refused() {
+    let _g = serial().await;
+    let stack = Stack::start(
+        one_provider()
+            .provider(Provider::openai("e1").models(&[("e2e-embed", "embedding")]))
+            .policy(Policy::embedding("e2e-embed", &["e1"])),
+    )
+    .await;
+    for (field, value) in [
+        ("n", json!(1000)),
+        ("max_tokens", json!(9_007_199_254_740_991u64)),
+        ("max_completion_tokens", json!(2_000_000)),
+    ] {
+        let mut body = chat_body(MODEL, "hi", false);
+        body[field] = value;
+        let r = stack.chat_body(MODEL, None, body).await;
+        assert_eq!(r.status, 400, "{field}: {}", r.body);
+        assert!(r.body.contains(&format!("`{field}`")), "{}", r.body);
+    }
+    for dims in [
+        json!(4_294_967_296u64),
+        json!(u64::MAX),
+        json!(0),
+        json!(-1),
+        json!("8"),
+    ] {
+        let r = send(
+            stack
+                .post("/v1/embeddings")
+                .json(&json!({"model": "e2e-embed", "input": "x", "dimensions": dims})),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{dims}: {}", r.body);
+        assert!(r.body.contains("`dimensions`"), "{}", r.body);
+    }
+    let ok = send(
+        stack
+            .post("/v1/embeddings")
+            .json(&json!({"model": "e2e-embed", "input": "x", "dimensions": 16})),
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(
+        ok.json()["data"][0]["embedding"].as_array().unwrap().len(),
+        16
+    );
+    // The mock itself, sent to directly.
+    let mock = stack.mock("e1").base_url();
+    for dims in [json!(4_294_967_296u64), json!(u64::MAX)] {
+        let r = send(
+            client()
+                .post(format!("{mock}/v1/embeddings"))
+                .json(&json!({"model": "e2e-embed", "input": "x", "dimensions": dims})),
+        )
+        .await;
+        assert_eq!(r.status, 400, "mock {dims}: {}", r.body);
+    }
 }

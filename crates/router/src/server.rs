@@ -11,7 +11,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 
 use crate::clock::Clock;
@@ -191,15 +190,36 @@ pub fn router(app: Arc<App>) -> Router {
         // error shape; axum's default limit would answer in plain text.
         .layer(DefaultBodyLimit::disable())
         .layer(SetSensitiveRequestHeadersLayer::new(sensitive_headers()))
-        .layer(CatchPanicLayer::custom(|_| {
+        .layer(axum::middleware::from_fn(catch_panics))
+        .with_state(app)
+}
+
+/// The outermost layer: a panic in a handler answers 500 in the dialect of the endpoint
+/// (Anthropic's error shape on `/v1/messages`, OpenAI's elsewhere) instead of dropping the
+/// connection. tower-http's `CatchPanicLayer` cannot see the request, so it always answered in
+/// OpenAI's shape (issue 12 item 7).
+async fn catch_panics(request: Request, next: axum::middleware::Next) -> Response {
+    use futures::FutureExt as _;
+    let dialect = if request.uri().path().starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
+    match std::panic::AssertUnwindSafe(next.run(request))
+        .catch_unwind()
+        .await
+    {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::error!("a request handler panicked");
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 "internal error",
             )
-            .into_response(Dialect::OpenAi)
-        }))
-        .with_state(app)
+            .into_response(dialect)
+        }
+    }
 }
 
 async fn not_found(request: Request) -> Response {
@@ -790,8 +810,16 @@ fn shown(name: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(format!("{}…", &name[..cut]))
 }
 
+/// Largest output cap (`max_tokens`, `max_completion_tokens`) forwarded: above every current
+/// model's output limit (128 k), far below values that would saturate a reservation.
+pub const MAX_OUTPUT_TOKENS: u64 = 1_000_000;
+/// Largest `n` (choices) forwarded: OpenAI's own limit.
+pub const MAX_CHOICES: u32 = 128;
+/// Largest embeddings `dimensions` forwarded (text-embedding-3-large has 3072).
+pub const MAX_EMBEDDING_DIMENSIONS: u64 = 65_536;
+
 /// Rejects what the providers' own APIs would reject before anything is sent: an empty
-/// conversation or an output cap of zero.
+/// conversation, an output cap of zero or out of range, `n` or `dimensions` out of range.
 fn check_body(body: &ClientBody) -> Result<(), ApiError> {
     let invalid = |m: &str| Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m));
     match body {
@@ -802,6 +830,14 @@ fn check_body(body: &ClientBody) -> Result<(), ApiError> {
             if r.output_cap() == Some(0) {
                 return invalid("`max_tokens` / `max_completion_tokens` must be at least 1");
             }
+            if r.output_cap().is_some_and(|c| c > MAX_OUTPUT_TOKENS) {
+                return invalid(&format!(
+                    "`max_tokens` / `max_completion_tokens` must be at most {MAX_OUTPUT_TOKENS}"
+                ));
+            }
+            if r.n.is_some_and(|n| !(1..=MAX_CHOICES).contains(&n)) {
+                return invalid(&format!("`n` must be from 1 to {MAX_CHOICES}"));
+            }
         }
         ClientBody::Messages(r) => {
             if r.messages.is_empty() {
@@ -810,8 +846,21 @@ fn check_body(body: &ClientBody) -> Result<(), ApiError> {
             if r.max_tokens == 0 {
                 return invalid("`max_tokens` must be at least 1");
             }
+            if r.max_tokens > MAX_OUTPUT_TOKENS {
+                return invalid(&format!("`max_tokens` must be at most {MAX_OUTPUT_TOKENS}"));
+            }
         }
-        ClientBody::Json(_) => {}
+        ClientBody::Json(map) => {
+            if let Some(d) = map.get("dimensions").filter(|d| !d.is_null())
+                && !d
+                    .as_u64()
+                    .is_some_and(|d| (1..=MAX_EMBEDDING_DIMENSIONS).contains(&d))
+            {
+                return invalid(&format!(
+                    "`dimensions` must be an integer from 1 to {MAX_EMBEDDING_DIMENSIONS}"
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -920,3 +969,45 @@ async fn accept_loop(
 
 /// How often the control loop housekeeping runs.
 pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn call(router: Router, path: &str) -> (StatusCode, Value) {
+        let request = axum::http::Request::post(path).body(Body::empty()).unwrap();
+        let response = tower::ServiceExt::oneshot(router, request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_panic_answers_500_in_the_endpoints_dialect() {
+        async fn boom() -> &'static str {
+            panic!("handler bug")
+        }
+        let router = Router::new()
+            .route("/v1/messages", post(boom))
+            .route("/v1/chat/completions", post(boom))
+            .layer(axum::middleware::from_fn(catch_panics));
+        let (status, body) = call(router.clone(), "/v1/messages").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body["type"], json!("error"), "{body}");
+        assert_eq!(body["error"]["type"], json!("api_error"), "{body}");
+        let (status, body) = call(router, "/v1/chat/completions").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body["error"]["code"], json!("internal"), "{body}");
+    }
+
+    #[test]
+    fn shown_cuts_long_names_at_a_character_boundary() {
+        assert_eq!(shown("gpt-4o"), "gpt-4o");
+        let long = "é".repeat(200);
+        let cut = shown(&long);
+        assert!(cut.len() <= 256 + "…".len());
+        assert!(cut.ends_with('…'));
+    }
+}
