@@ -8,6 +8,13 @@ use serde::{Deserialize, Serialize};
 /// `m`, `h`, as Go and Kubernetes print them (`500ms`, `30s`, `5m`, `1h30m`).
 pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
 
+/// Pattern of a limit's `period`: a duration that is not zero (at least one group has a digit
+/// other than 0), so `0s`, `0m0s` and `00h` are refused by the API server's schema check as by
+/// the loader. RE2 has no look-ahead, hence the spelled-out form: any groups, one group with a
+/// non-zero digit, any groups.
+pub const POSITIVE_DURATION_PATTERN: &str =
+    r"^([0-9]+(ms|s|m|h))*0*[1-9][0-9]*(ms|s|m|h)([0-9]+(ms|s|m|h))*$";
+
 /// Pattern for decimal amounts kept as strings so the spec carries no floats (`"3"`, `"0.25"`).
 pub const DECIMAL_PATTERN: &str = r"^[0-9]{1,9}(\.[0-9]{1,9})?$";
 
@@ -95,7 +102,7 @@ pub struct Limit {
     /// Refill period of a token bucket, or window length of a fixed window (default 24h), as a
     /// duration string such as `60s` or `24h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(length(max = 32), regex(pattern = POSITIVE_DURATION_PATTERN))]
     pub period: Option<String>,
     /// Local time `HH:MM` at which a fixed window resets (daily quotas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -168,3 +175,94 @@ pub mod field_manager {
 pub const GROUP: &str = "switchyard.dev";
 /// Version of the resources defined in this crate.
 pub const VERSION: &str = "v1alpha1";
+
+impl Limit {
+    /// The ledger bucket this limit declares, or why it cannot be built (a period of zero or
+    /// beyond the duration range, a reset time on a window that is not whole days, an unknown
+    /// time zone). The one verdict the loader, the operator and the router share: a limit that
+    /// cannot be built makes its object invalid; it is never left out of reservations.
+    ///
+    /// Defaults when absent: a token bucket refills over one minute, a fixed window lasts a
+    /// day, `resetAt` is in UTC.
+    ///
+    /// # Errors
+    /// A lower-case sentence naming the field (`period`, `resetAt`, `timeZone`).
+    pub fn bucket(
+        &self,
+        key: String,
+        scope: switchyard_core::quota::Scope,
+    ) -> Result<switchyard_core::quota::BucketSpec, String> {
+        use std::time::Duration;
+        use switchyard_core::quota::{BucketSpec, Rule};
+        let period = match self.period.as_deref() {
+            None => None,
+            Some(text) => match crate::duration::parse(text) {
+                Some(d) if !d.is_zero() => Some(d),
+                Some(_) => return Err(format!("period {text:?} is zero")),
+                None => return Err(format!("period {text:?} is not a duration in range")),
+            },
+        };
+        let rule = match self.rule {
+            LimitRule::TokenBucket => Rule::TokenBucket {
+                capacity: self.amount,
+                period: period.unwrap_or(Duration::from_secs(60)),
+            },
+            LimitRule::FixedWindow => Rule::FixedWindow {
+                capacity: self.amount,
+                period: period.unwrap_or(Duration::from_secs(86_400)),
+                reset_at: match self.reset_at.as_deref() {
+                    None => None,
+                    Some(t) => Some(
+                        t.split_once(':')
+                            .and_then(|(h, m)| Some((h.parse().ok()?, m.parse().ok()?)))
+                            .ok_or_else(|| format!("resetAt {t:?} is not HH:MM"))?,
+                    ),
+                },
+                tz: match self.time_zone.as_deref() {
+                    None => chrono_tz::UTC,
+                    Some(z) => z
+                        .parse()
+                        .map_err(|_| format!("timeZone {z:?} is not an IANA time zone name"))?,
+                },
+            },
+            LimitRule::Concurrency => Rule::Concurrency { limit: self.amount },
+        };
+        let spec = BucketSpec {
+            key,
+            scope,
+            dimension: self.dimension.into(),
+            rule,
+            count_cached_input: self.count_cached_input.unwrap_or(true),
+        };
+        spec.validate().map_err(|e| {
+            use switchyard_core::quota::SpecError;
+            match e {
+                SpecError::ZeroPeriod(_) => "period must be positive".to_owned(),
+                SpecError::ResetNeedsWholeDays(_) => {
+                    "resetAt needs a period of whole days".to_owned()
+                }
+                SpecError::BadResetTime(_) => "resetAt must be within 00:00..23:59".to_owned(),
+                SpecError::DimensionRuleMismatch(_) => {
+                    "the concurrency dimension goes with the concurrency rule and only it"
+                        .to_owned()
+                }
+                other => other.to_string(),
+            }
+        })?;
+        Ok(spec)
+    }
+}
+
+impl From<LimitDimension> for switchyard_core::quota::Dimension {
+    fn from(d: LimitDimension) -> Self {
+        use switchyard_core::quota::Dimension;
+        match d {
+            LimitDimension::Requests => Dimension::Requests,
+            LimitDimension::InputTokens => Dimension::InputTokens,
+            LimitDimension::OutputTokens => Dimension::OutputTokens,
+            LimitDimension::TotalTokens => Dimension::TotalTokens,
+            LimitDimension::Concurrency => Dimension::Concurrency,
+            LimitDimension::SpendMicroUsd => Dimension::SpendMicroUsd,
+        }
+    }
+}

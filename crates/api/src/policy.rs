@@ -77,6 +77,12 @@ pub struct RoutingPolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub limits: Vec<Limit>,
+    /// When a request is translated between the OpenAI and Anthropic dialects, drop the
+    /// parameters the target API has no equivalent for (e.g. `seed`, `logit_bias`) and list
+    /// them in the `x-switchyard-dropped-parameters` response header. Off by default: such a
+    /// request is refused with 400 naming the parameters, never served with them ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lossy_translation: Option<bool>,
 }
 
 /// Kind of traffic a policy serves.

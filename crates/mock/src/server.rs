@@ -1323,6 +1323,11 @@ async fn finish_simple(ctx: Ctx, tokens: u64, body: Value) -> Response {
     (StatusCode::OK, headers, Body::from_stream(stream)).into_response()
 }
 
+/// Most `dimensions` the mock computes per embedding.
+pub(crate) const MAX_EMBEDDING_DIMENSIONS: usize = 8192;
+/// Most inputs in one embeddings request (OpenAI's limit).
+pub(crate) const MAX_EMBEDDING_INPUTS: usize = 2048;
+
 async fn embeddings(ctx: Ctx) -> Response {
     use base64::Engine as _;
     let texts = tokens::input_texts(ctx.body.get("input"));
@@ -1331,13 +1336,33 @@ async fn embeddings(ctx: Ctx) -> Response {
         spec.param = Some("input".to_owned());
         return ctx.error(spec);
     }
-    let dims = ctx
-        .body
-        .get("dimensions")
-        .and_then(Value::as_u64)
-        .and_then(|d| usize::try_from(d).ok())
-        .unwrap_or(ctx.shared.config.embedding_dimensions)
-        .max(1);
+    // Client sizes are bounded before anything is allocated (`dimensions: 4294967296` once
+    // drove the mock to 12 GB): OpenAI's own limits are 2048 inputs and a few thousand
+    // dimensions.
+    if texts.len() > MAX_EMBEDDING_INPUTS {
+        let mut spec = ErrorSpec::new(
+            400,
+            format!("'input' must have at most {MAX_EMBEDDING_INPUTS} items."),
+        );
+        spec.param = Some("input".to_owned());
+        return ctx.error(spec);
+    }
+    let dims = match ctx.body.get("dimensions") {
+        None | Some(Value::Null) => ctx.shared.config.embedding_dimensions.max(1),
+        Some(v) => match v.as_u64() {
+            Some(d) if (1..=MAX_EMBEDDING_DIMENSIONS as u64).contains(&d) => d as usize,
+            _ => {
+                let mut spec = ErrorSpec::new(
+                    400,
+                    format!(
+                        "'dimensions' must be an integer from 1 to {MAX_EMBEDDING_DIMENSIONS}."
+                    ),
+                );
+                spec.param = Some("dimensions".to_owned());
+                return ctx.error(spec);
+            }
+        },
+    };
     let base64 = ctx.body.get("encoding_format").and_then(Value::as_str) == Some("base64");
     let data: Vec<Value> = texts
         .iter()

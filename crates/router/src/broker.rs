@@ -830,6 +830,7 @@ mod output_tests {
             output_allowance: 0,
             estimate: crate::estimate::Estimate::default(),
             fingerprint: 0,
+            dropped: Default::default(),
         }
     }
 

@@ -14,11 +14,11 @@ use switchyard_api::loader::Manifests;
 use switchyard_api::policy::{FallbackErrorClass, ServiceType, Strategy};
 use switchyard_api::provider::{Modality, ProviderApi};
 use switchyard_api::tenant::OverloadAction;
-use switchyard_api::{LLMProvider, Limit, LimitDimension, LimitRule, RoutingPolicy, TenantQuota};
+use switchyard_api::{LLMProvider, Limit, LimitDimension, RoutingPolicy, TenantQuota};
 use switchyard_core::availability::ControllerConfig;
 use switchyard_core::breaker::BreakerConfig;
 use switchyard_core::classify::ErrorClass;
-use switchyard_core::quota::{BucketSpec, Dimension, Rule, Scope};
+use switchyard_core::quota::{BucketSpec, Dimension, Scope};
 
 use crate::upstream::{ProviderKind, UpstreamClient};
 use crate::wire::usage::Pricing;
@@ -158,6 +158,12 @@ pub struct Route {
     pub allowed_regions: Vec<String>,
     /// Route-wide quota buckets (every tenant's requests on this route share them).
     pub buckets: Vec<Arc<BucketSpec>>,
+    /// Limits that could not be built (`spec.limits[i]: why`): while any is listed the
+    /// route refuses its requests (503 `quota_config_invalid`) and status says why.
+    pub limit_problems: Vec<String>,
+    /// Whether parameters without an equivalent in the provider's dialect are dropped (and
+    /// listed in a response header) instead of refused (RoutingPolicy `lossyTranslation`).
+    pub lossy_translation: bool,
     /// Metadata generation the config was built from.
     pub generation: Option<i64>,
 }
@@ -191,6 +197,9 @@ pub struct Tenant {
     /// Quota buckets of the tenant and every ancestor (DESIGN §4.7: the hierarchy is part of
     /// every reservation).
     pub buckets: Vec<Arc<BucketSpec>>,
+    /// Limits of the tenant or an ancestor that could not be built: while any is listed the
+    /// tenant's requests are refused (503 `quota_config_invalid`) and status says why.
+    pub limit_problems: Vec<String>,
     /// Workload class (`interactive`, `production`, `batch`, ...).
     pub class: String,
     /// Fair-share weight within its class (≥ 1).
@@ -221,8 +230,6 @@ pub struct RoutingTable {
     pub tenants: Vec<Arc<Tenant>>,
     /// SHA-256 of an API key → tenant index. Keys themselves are not kept.
     pub by_key_hash: HashMap<[u8; 32], usize>,
-    /// Whether requests must authenticate (true as soon as any TenantQuota exists).
-    pub auth_required: bool,
     /// Problems found while building (shown by the standalone command and in status).
     pub warnings: Vec<String>,
     /// Revision of the configuration this table was built from, when the source has one
@@ -313,6 +320,11 @@ impl RoutingTable {
                     ));
                 }
             }
+            for problem in &route.limit_problems {
+                table
+                    .warnings
+                    .push(format!("RoutingPolicy {}: {problem}", route.key));
+            }
             table.routes.push(Arc::new(route));
         }
         let by_name: BTreeMap<(String, String), &TenantQuota> = m
@@ -322,6 +334,11 @@ impl RoutingTable {
             .collect();
         for t in &m.tenants {
             let (tenant, keys) = build_tenant(t, &by_name, secrets);
+            for problem in &tenant.limit_problems {
+                table
+                    .warnings
+                    .push(format!("TenantQuota {}: {problem}", tenant.key));
+            }
             for problem in &tenant.key_problems {
                 table
                     .warnings
@@ -333,7 +350,6 @@ impl RoutingTable {
             }
             table.tenants.push(Arc::new(tenant));
         }
-        table.auth_required = !m.tenants.is_empty();
         let spend_limited = table
             .tenants
             .iter()
@@ -400,6 +416,7 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
     }
     let key = format!("{namespace}/{name}");
     let mut buckets = Vec::new();
+    let mut limit_problems = Vec::new();
     for (i, limit) in spec.limits.iter().enumerate() {
         let (bucket_key, scope) = match &limit.quota_group {
             Some(group) => (
@@ -411,8 +428,21 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
                 Scope::Provider(key.clone()),
             ),
         };
-        buckets.push(Arc::new(bucket_spec(limit, bucket_key, scope)));
+        match bucket_spec(limit, bucket_key, scope) {
+            Ok(b) => buckets.push(Arc::new(b)),
+            Err(e) => limit_problems.push(format!("spec.limits[{i}]: {e}")),
+        }
     }
+    // A limit that cannot be enforced makes the provider unusable (fail closed), with the
+    // reason in status, rather than sending to it with the bucket left out.
+    let client = if limit_problems.is_empty() {
+        client
+    } else {
+        Err(format!(
+            "a limit cannot be enforced: {}",
+            limit_problems.join("; ")
+        ))
+    };
     let mut pause_scopes = vec![key.clone()];
     for group in spec.limits.iter().filter_map(|l| l.quota_group.as_ref()) {
         let scope = format!("group:{namespace}/{group}");
@@ -470,50 +500,14 @@ fn limit_id(limit: &Limit, index: usize) -> String {
 }
 
 fn dimension(d: LimitDimension) -> Dimension {
-    match d {
-        LimitDimension::Requests => Dimension::Requests,
-        LimitDimension::InputTokens => Dimension::InputTokens,
-        LimitDimension::OutputTokens => Dimension::OutputTokens,
-        LimitDimension::TotalTokens => Dimension::TotalTokens,
-        LimitDimension::Concurrency => Dimension::Concurrency,
-        LimitDimension::SpendMicroUsd => Dimension::SpendMicroUsd,
-    }
+    d.into()
 }
 
-/// A CRD limit as a ledger bucket. The loader has validated the limit (CEL: periods, reset
-/// times, time zones), so unparsable parts fall back to the documented defaults: one minute
-/// for a token bucket, a day for a window, UTC.
-pub fn bucket_spec(limit: &Limit, key: String, scope: Scope) -> BucketSpec {
-    let period = limit.period.as_deref().and_then(duration::parse);
-    let rule = match limit.rule {
-        LimitRule::TokenBucket => Rule::TokenBucket {
-            capacity: limit.amount,
-            period: period.unwrap_or(Duration::from_secs(60)),
-        },
-        LimitRule::FixedWindow => Rule::FixedWindow {
-            capacity: limit.amount,
-            period: period.unwrap_or(Duration::from_secs(86_400)),
-            reset_at: limit.reset_at.as_deref().and_then(|t| {
-                let (h, m) = t.split_once(':')?;
-                Some((h.parse().ok()?, m.parse().ok()?))
-            }),
-            tz: limit
-                .time_zone
-                .as_deref()
-                .and_then(|z| z.parse().ok())
-                .unwrap_or(chrono_tz::UTC),
-        },
-        LimitRule::Concurrency => Rule::Concurrency {
-            limit: limit.amount,
-        },
-    };
-    BucketSpec {
-        key,
-        scope,
-        dimension: dimension(limit.dimension),
-        rule,
-        count_cached_input: limit.count_cached_input.unwrap_or(true),
-    }
+/// A CRD limit as a ledger bucket ([`Limit::bucket`], the verdict the loader shares), or why
+/// it cannot be built: the object is then a configuration error (shown in status, its
+/// requests refused), never served with the bucket left out.
+pub fn bucket_spec(limit: &Limit, key: String, scope: Scope) -> Result<BucketSpec, String> {
+    limit.bucket(key, scope)
 }
 
 fn build_route(
@@ -524,18 +518,18 @@ fn build_route(
     let namespace = policy.namespace().unwrap_or_else(|| "default".to_owned());
     let name = policy.name_any();
     let spec = &policy.spec;
-    let buckets = spec
-        .limits
-        .iter()
-        .enumerate()
-        .map(|(i, l)| {
-            Arc::new(bucket_spec(
-                l,
-                format!("route/{namespace}/{name}/{}", limit_id(l, i)),
-                Scope::Route(format!("{namespace}/{name}")),
-            ))
-        })
-        .collect();
+    let mut limit_problems = Vec::new();
+    let mut buckets = Vec::new();
+    for (i, l) in spec.limits.iter().enumerate() {
+        match bucket_spec(
+            l,
+            format!("route/{namespace}/{name}/{}", limit_id(l, i)),
+            Scope::Route(format!("{namespace}/{name}")),
+        ) {
+            Ok(b) => buckets.push(Arc::new(b)),
+            Err(e) => limit_problems.push(format!("spec.limits[{i}]: {e}")),
+        }
+    }
     let fallback = spec.fallback.clone().unwrap_or_default();
     let affinity = spec.affinity.clone().unwrap_or_default();
     let availability = spec.availability.clone().unwrap_or_default();
@@ -622,6 +616,8 @@ fn build_route(
         default_max_tokens: spec.default_max_tokens.unwrap_or(4096),
         allowed_regions: spec.allowed_regions.clone(),
         buckets,
+        limit_problems,
+        lossy_translation: spec.lossy_translation.unwrap_or(false),
         generation: policy.metadata.generation,
     }
 }
@@ -636,6 +632,7 @@ fn build_tenant(
     let mut allowed_routes = Vec::new();
     let mut allowed_regions = Vec::new();
     let mut buckets = Vec::new();
+    let mut limit_problems = Vec::new();
     let mut current = Some(t);
     let mut hops = 0;
     while let Some(node) = current {
@@ -643,11 +640,16 @@ fn build_tenant(
         allowed_regions.push(node.spec.allowed_regions.clone());
         let node_key = format!("{namespace}/{}", node.name_any());
         for (i, l) in node.spec.limits.iter().enumerate() {
-            buckets.push(Arc::new(bucket_spec(
+            match bucket_spec(
                 l,
                 format!("tenant/{node_key}/{}", limit_id(l, i)),
                 Scope::Tenant(node_key.clone()),
-            )));
+            ) {
+                Ok(b) => buckets.push(Arc::new(b)),
+                Err(e) => {
+                    limit_problems.push(format!("TenantQuota {node_key} spec.limits[{i}]: {e}"))
+                }
+            }
         }
         hops += 1;
         // The loader refuses cycles; the bound guards hand-built input.
@@ -679,6 +681,7 @@ fn build_tenant(
             .collect(),
         generation: t.metadata.generation,
         key_problems,
+        limit_problems,
         buckets,
         class: t
             .spec
@@ -722,6 +725,74 @@ mod tests {
         assert_eq!(
             SecretSource::env_name(&r),
             "SWITCHYARD_SECRET_ACME_KEYS_PROD_KEY"
+        );
+    }
+
+    /// Issue 12 item 8: objects that reach the router without the loader (Kubernetes mode,
+    /// a CRD applied before the schema refused `0s`) with a limit that cannot be built are
+    /// configuration errors for their object; no bucket is silently left out.
+    #[test]
+    fn unbuildable_limits_are_object_errors_not_dropped_buckets() {
+        let m = Manifests {
+            providers: vec![
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "switchyard.dev/v1alpha1", "kind": "LLMProvider",
+                    "metadata": {"name": "p", "namespace": "ns"},
+                    "spec": {"api": "openai", "endpoint": "http://127.0.0.1:9",
+                        "models": [{"name": "m"}],
+                        "limits": [{"dimension": "requests", "amount": 5, "period": "0s"}]}
+                }))
+                .unwrap(),
+            ],
+            policies: vec![
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "switchyard.dev/v1alpha1", "kind": "RoutingPolicy",
+                    "metadata": {"name": "r", "namespace": "ns"},
+                    "spec": {"model": "m", "providers": [{"name": "p"}],
+                        "limits": [{"dimension": "requests", "amount": 5, "period": "0m0s"}]}
+                }))
+                .unwrap(),
+            ],
+            tenants: vec![
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "switchyard.dev/v1alpha1", "kind": "TenantQuota",
+                    "metadata": {"name": "t", "namespace": "ns"},
+                    "spec": {"limits": [
+                        {"dimension": "requests", "amount": 5, "period": "60s"},
+                        {"dimension": "requests", "amount": 5, "period": "0s"}]}
+                }))
+                .unwrap(),
+            ],
+            ..Default::default()
+        };
+        let table = RoutingTable::build(&m, &SecretSource::default());
+        let p = &table.providers[0];
+        assert!(
+            p.client
+                .as_ref()
+                .is_err_and(|e| e.contains("spec.limits[0]: period \"0s\" is zero")),
+            "{:?}",
+            p.client.as_ref().err()
+        );
+        let r = &table.routes[0];
+        assert!(r.buckets.is_empty());
+        assert_eq!(
+            r.limit_problems,
+            vec!["spec.limits[0]: period \"0m0s\" is zero".to_owned()]
+        );
+        let t = &table.tenants[0];
+        assert_eq!(t.buckets.len(), 1, "the valid limit is built");
+        assert_eq!(
+            t.limit_problems,
+            vec!["TenantQuota ns/t spec.limits[1]: period \"0s\" is zero".to_owned()]
+        );
+        assert!(
+            table
+                .warnings
+                .iter()
+                .any(|w| w.contains("TenantQuota ns/t") && w.contains("is zero")),
+            "{:?}",
+            table.warnings
         );
     }
 }

@@ -178,6 +178,9 @@ pub struct ClientRequest {
     /// Hash of the endpoint and body, to tell a repeated `Idempotency-Key` request from a
     /// different one.
     pub fingerprint: u64,
+    /// Parameters dropped by a lossy translation (comma-separated), for the
+    /// `x-switchyard-dropped-parameters` response header.
+    pub dropped: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// An error shown to the client in its own dialect.
@@ -711,6 +714,11 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
     );
     if let Ok(id) = HeaderValue::from_str(&request_id) {
         headers.insert("x-request-id", id);
+    }
+    if let Some(names) = crate::state::lock(&req.dropped).as_deref()
+        && let Ok(v) = HeaderValue::from_str(names)
+    {
+        headers.insert("x-switchyard-dropped-parameters", v);
     }
     response
 }
@@ -1362,9 +1370,8 @@ fn upstream_body(
             };
             let mut chat = (**chat).clone();
             broker::set_openai_cap(&mut chat, cap);
-            let mut translated = translate::openai_to_anthropic_request(chat, opts)
-                .map_err(bad)?
-                .value;
+            let translated = translate::openai_to_anthropic_request(chat, opts).map_err(bad)?;
+            let mut translated = lossless_or_allowed(translated, route, req, "Anthropic")?;
             translated.model = model.to_owned();
             json(serde_json::to_vec(&translated))
         }
@@ -1375,9 +1382,8 @@ fn upstream_body(
             json(serde_json::to_vec(&m))
         }
         (ClientBody::Messages(m), ProviderKind::OpenAi) => {
-            let mut translated = translate::anthropic_to_openai_request((**m).clone())
-                .map_err(bad)?
-                .value;
+            let translated = translate::anthropic_to_openai_request((**m).clone()).map_err(bad)?;
+            let mut translated = lossless_or_allowed(translated, route, req, "OpenAI")?;
             translated.model = model.to_owned();
             broker::set_openai_cap(&mut translated, cap);
             translated.force_include_usage();
@@ -1389,6 +1395,35 @@ fn upstream_body(
             json(serde_json::to_vec(&map))
         }
     }
+}
+
+/// A translation that dropped parameters is refused with 400 naming them, unless the route
+/// opts into lossy translation; then the names are kept for the
+/// `x-switchyard-dropped-parameters` response header (issue 12 item 6).
+fn lossless_or_allowed<T>(
+    translated: translate::Translated<T>,
+    route: &Route,
+    req: &ClientRequest,
+    target: &str,
+) -> Result<T, ApiError> {
+    if translated.dropped.is_empty() {
+        return Ok(translated.value);
+    }
+    let names = translated.dropped.join(", ");
+    if !route.lossy_translation {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unsupported_parameter",
+            format!(
+                "the model {:?} is served by an {target} provider, which has no equivalent for: \
+                 {names}; remove them, or set `lossyTranslation: true` on RoutingPolicy {} to \
+                 have them dropped",
+                route.model, route.key
+            ),
+        ));
+    }
+    *crate::state::lock(&req.dropped) = Some(names);
+    Ok(translated.value)
 }
 
 fn unix_now(app: &App) -> u64 {

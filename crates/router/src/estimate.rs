@@ -99,10 +99,19 @@ pub struct Estimate {
     pub output_tokens: u64,
     /// Worst-case spend in micro-USD: all input uncached plus the whole output allowance.
     pub spend_micro_usd: u64,
+    /// Bytes of text counted by the upper bound (one token per byte) instead of the
+    /// tokenizer, because the request's exact budget ([`EXACT_BUDGET_BYTES`]) ran out; 0 for
+    /// an exact estimate. A bounded estimate does not settle the route's calibration.
+    pub bounded_bytes: u64,
 }
 
 impl Estimate {
-    fn new(raw_input_tokens: u64, output_tokens: u64, params: &EstimateParams) -> Self {
+    fn new(
+        raw_input_tokens: u64,
+        output_tokens: u64,
+        params: &EstimateParams,
+        counter: &Counter,
+    ) -> Self {
         let input_tokens = corrected(raw_input_tokens, params.ratio);
         let prices = TokenPrices {
             input: params.pricing.input,
@@ -113,6 +122,7 @@ impl Estimate {
             input_tokens,
             output_tokens,
             spend_micro_usd: worst_case_spend_micro_usd(input_tokens, output_tokens, prices),
+            bounded_bytes: counter.bounded_bytes,
         }
     }
 
@@ -130,21 +140,24 @@ impl Estimate {
 
 /// Estimate of an OpenAI chat completions request.
 pub fn estimate_openai_chat(req: &ChatRequest, params: &EstimateParams) -> Estimate {
-    Estimate::new(
-        openai_chat_input_tokens(req),
-        openai_output_allowance(req, params.default_output_tokens),
-        params,
-    )
+    let mut c = Counter::new();
+    let raw = openai_chat_input(req, &mut c);
+    let output = openai_output_allowance(req, params.default_output_tokens);
+    Estimate::new(raw, output, params, &c)
 }
 
 /// Estimate of an Anthropic Messages request.
 pub fn estimate_anthropic_messages(req: &MessagesRequest, params: &EstimateParams) -> Estimate {
-    Estimate::new(anthropic_messages_input_tokens(req), req.max_tokens, params)
+    let mut c = Counter::new();
+    let raw = anthropic_messages_input(req, &mut c);
+    Estimate::new(raw, req.max_tokens, params, &c)
 }
 
 /// Estimate of an OpenAI embeddings request (no output).
 pub fn estimate_openai_embeddings(req: &EmbeddingsRequest, params: &EstimateParams) -> Estimate {
-    Estimate::new(openai_embeddings_input_tokens(req), 0, params)
+    let mut c = Counter::new();
+    let raw = openai_embeddings_input(req, &mut c);
+    Estimate::new(raw, 0, params, &c)
 }
 
 /// Output allowance of an OpenAI request: (`max_completion_tokens`, else `max_tokens`, else
@@ -154,22 +167,27 @@ pub fn openai_output_allowance(req: &ChatRequest, default: u64) -> u64 {
     per_choice.saturating_mul(u64::from(req.n.unwrap_or(1).max(1)))
 }
 
-/// Raw input tokens (before calibration) of an OpenAI chat request.
+/// Raw input tokens (before calibration) of an OpenAI chat request, within one request's
+/// exact budget ([`EXACT_BUDGET_BYTES`]).
 pub fn openai_chat_input_tokens(req: &ChatRequest) -> u64 {
+    openai_chat_input(req, &mut Counter::new())
+}
+
+fn openai_chat_input(req: &ChatRequest, c: &mut Counter) -> u64 {
     let o: Overheads = OPENAI_CHAT_OVERHEADS;
     let mut total = o.per_request;
     for m in &req.messages {
         // The role is one token in o200k_base for every role name.
         total += o.per_message + 1;
         if let Some(name) = &m.name {
-            total += o.per_name + count_tokens(name);
+            total += o.per_name + c.text(name);
         }
         match &m.content {
-            Some(MessageContent::Text(text)) => total += count_segment(text),
+            Some(MessageContent::Text(text)) => total += c.segment(text),
             Some(MessageContent::Parts(parts)) => {
                 for part in parts {
                     total += match part {
-                        ContentPart::Known(KnownPart::Text { text, .. }) => count_segment(text),
+                        ContentPart::Known(KnownPart::Text { text, .. }) => c.segment(text),
                         ContentPart::Known(KnownPart::ImageUrl { image_url, .. }) => {
                             let detail = image_url
                                 .extra
@@ -178,134 +196,127 @@ pub fn openai_chat_input_tokens(req: &ChatRequest) -> u64 {
                                 .map_or(ImageDetail::Auto, ImageDetail::parse);
                             openai_image_tokens(data_url_image_size(&image_url.url), detail)
                         }
-                        ContentPart::Other(value) => count_json_strings(value),
+                        ContentPart::Other(value) => c.json_strings(value),
                     };
                 }
             }
             None => {}
         }
         for call in m.tool_calls.iter().flatten() {
-            total += o.per_tool_call
-                + count_tokens(&call.function.name)
-                + count_segment(&call.function.arguments);
+            total +=
+                o.per_tool_call + c.text(&call.function.name) + c.segment(&call.function.arguments);
         }
         if let Some(Value::String(refusal)) = m.extra.get("refusal") {
-            total += count_tokens(refusal);
+            total += c.text(refusal);
         }
     }
     if let Some(tools) = req.tools.as_ref().filter(|t| !t.is_empty()) {
         total += o.tools_preamble;
         for tool in tools {
-            total += o.per_tool + count_serialized(tool);
+            total += o.per_tool + c.serialized(tool);
         }
     }
     if let Some(format) = req.extra.get("response_format") {
         // `{"type":"json_schema","json_schema":{name, schema, strict}}`: the schema is shown to
         // the model; `{"type":"json_object"}` / `"text"` cost next to nothing.
         if let Some(schema) = format.get("json_schema") {
-            total += o.per_tool + count_serialized(schema);
+            total += o.per_tool + c.serialized(schema);
         }
     }
     total
 }
 
-/// Raw input tokens (before calibration) of an Anthropic Messages request.
+/// Raw input tokens (before calibration) of an Anthropic Messages request, within one
+/// request's exact budget ([`EXACT_BUDGET_BYTES`]).
 pub fn anthropic_messages_input_tokens(req: &MessagesRequest) -> u64 {
+    anthropic_messages_input(req, &mut Counter::new())
+}
+
+fn anthropic_messages_input(req: &MessagesRequest, c: &mut Counter) -> u64 {
     let o: Overheads = ANTHROPIC_MESSAGES_OVERHEADS;
     let mut total = o.per_request;
     match &req.system {
-        Some(anthropic::System::Text(text)) => total += count_segment(text),
+        Some(anthropic::System::Text(text)) => total += c.segment(text),
         Some(anthropic::System::Blocks(blocks)) => {
-            total += blocks.iter().map(anthropic_block_tokens).sum::<u64>();
+            total += blocks
+                .iter()
+                .map(|b| anthropic_block_tokens(c, b))
+                .sum::<u64>();
         }
         None => {}
     }
     for m in &req.messages {
         total += o.per_message;
         total += match &m.content {
-            anthropic::MessageContent::Text(text) => count_segment(text),
-            anthropic::MessageContent::Blocks(blocks) => {
-                blocks.iter().map(anthropic_block_tokens).sum::<u64>()
-            }
+            anthropic::MessageContent::Text(text) => c.segment(text),
+            anthropic::MessageContent::Blocks(blocks) => blocks
+                .iter()
+                .map(|b| anthropic_block_tokens(c, b))
+                .sum::<u64>(),
         };
     }
     if let Some(tools) = req.tools.as_ref().filter(|t| !t.is_empty()) {
         total += o.tools_preamble;
         for tool in tools {
-            total += o.per_tool + count_serialized(tool);
+            total += o.per_tool + c.serialized(tool);
         }
     }
     // Structured outputs (`output_format: {type: json_schema, schema}`) show the schema too.
     if let Some(format) = req.extra.get("output_format") {
-        total += o.per_tool + count_serialized(format);
+        total += o.per_tool + c.serialized(format);
     }
     total
 }
 
-fn anthropic_block_tokens(block: &ContentBlock) -> u64 {
+fn anthropic_block_tokens(c: &mut Counter, block: &ContentBlock) -> u64 {
     let o = ANTHROPIC_MESSAGES_OVERHEADS;
     match block {
-        ContentBlock::Known(Block::Text { text, .. }) => count_segment(text),
+        ContentBlock::Known(Block::Text { text, .. }) => c.segment(text),
         ContentBlock::Known(Block::Image { source, .. }) => {
             anthropic_image_tokens(anthropic_image_size(source))
         }
         ContentBlock::Known(Block::ToolUse { name, input, .. }) => {
-            o.per_tool_call + count_tokens(name) + count_serialized(input)
+            o.per_tool_call + c.text(name) + c.serialized(input)
         }
         ContentBlock::Known(Block::ToolResult { content, .. }) => {
             o.per_tool_call
                 + match content {
-                    Some(ToolResultContent::Text(text)) => count_segment(text),
-                    Some(ToolResultContent::Blocks(blocks)) => {
-                        blocks.iter().map(anthropic_block_tokens).sum::<u64>()
-                    }
+                    Some(ToolResultContent::Text(text)) => c.segment(text),
+                    Some(ToolResultContent::Blocks(blocks)) => blocks
+                        .iter()
+                        .map(|b| anthropic_block_tokens(c, b))
+                        .sum::<u64>(),
                     None => 0,
                 }
         }
-        ContentBlock::Known(Block::Thinking { thinking, .. }) => count_segment(thinking),
-        ContentBlock::Other(value) => count_json_strings(value),
+        ContentBlock::Known(Block::Thinking { thinking, .. }) => c.segment(thinking),
+        ContentBlock::Other(value) => c.json_strings(value),
     }
 }
 
 /// Raw input tokens of an OpenAI embeddings request: `input` as a string, a list of strings,
 /// a token list (its length) or a list of token lists.
 pub fn openai_embeddings_input_tokens(req: &EmbeddingsRequest) -> u64 {
+    openai_embeddings_input(req, &mut Counter::new())
+}
+
+fn openai_embeddings_input(req: &EmbeddingsRequest, c: &mut Counter) -> u64 {
     let per_item = EMBEDDINGS_OVERHEADS.per_message;
     match &req.input {
-        Value::String(text) => count_segment(text),
+        Value::String(text) => c.segment(text),
         Value::Array(items) => items
             .iter()
             .map(|item| {
                 per_item
                     + match item {
-                        Value::String(text) => count_segment(text),
+                        Value::String(text) => c.segment(text),
                         Value::Array(ids) => ids.len() as u64,
                         Value::Number(_) => 1,
-                        other => count_json_strings(other),
+                        other => c.json_strings(other),
                     }
             })
             .sum(),
-        other => count_json_strings(other),
-    }
-}
-
-/// Tokens of the JSON serialisation of `value` (tool definitions, schemas, tool arguments).
-fn count_serialized<T: serde::Serialize>(value: &T) -> u64 {
-    serde_json::to_string(value).map_or(0, |json| count_segment(&json))
-}
-
-/// Tokens of the string members of an uninterpreted part, skipping inline binary payloads.
-fn count_json_strings(value: &Value) -> u64 {
-    match value {
-        Value::String(s) if s.starts_with("data:") => 0,
-        Value::String(s) => count_tokens(s),
-        Value::Array(items) => items.iter().map(count_json_strings).sum(),
-        Value::Object(map) => map
-            .iter()
-            .filter(|(k, _)| !matches!(k.as_str(), "data" | "file_data"))
-            .map(|(_, v)| count_json_strings(v))
-            .sum(),
-        _ => 0,
+        other => c.json_strings(other),
     }
 }
 
@@ -380,8 +391,12 @@ impl RouteCalibrations {
     /// Feeds the provider-reported input (all of it: uncached + cache read + cache write) back
     /// into the route's calibration; returns the relative error of the reserved estimate,
     /// `(estimated − actual) / actual`, for the estimation-error metric (`None` when the
-    /// provider reported no input).
+    /// provider reported no input, and for a bounded estimate — see [`Estimate::bounded_bytes`]
+    /// — which measures the budget, not the tokenizer).
     pub fn settle(&self, route: &str, estimate: &Estimate, actual_input: u64) -> Option<f64> {
+        if estimate.bounded_bytes > 0 {
+            return None;
+        }
         let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = routes.get_mut(route) {
             return c.settle(
@@ -444,23 +459,131 @@ impl SegmentMemo {
     }
 }
 
-/// [`count_tokens`] through the segment memo (long segments only).
+/// [`count_tokens`] through the segment memo (long segments only); exact, with no budget.
 pub fn count_segment(text: &str) -> u64 {
     if text.len() < MEMO_MIN_BYTES {
         return count_tokens(text);
     }
     let key = xxh3_128(text.as_bytes());
-    let Some(shard) = MEMO.shard(key) else {
-        return count_tokens(text);
-    };
-    if let Some(&n) = shard.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    if let Some(n) = MEMO.get(key) {
         return n;
     }
-    // Counted outside the lock: two requests racing on a new segment both count it, which is
-    // cheaper than holding a shard lock for the duration of a BPE.
     let n = count_tokens(text);
-    shard.lock().unwrap_or_else(|e| e.into_inner()).put(key, n);
+    MEMO.put(key, n);
     n
+}
+
+impl SegmentMemo {
+    fn get(&self, key: u128) -> Option<u64> {
+        let shard = self.shard(key)?;
+        shard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied()
+    }
+
+    /// Stores an exact count. Counted outside the lock: two requests racing on a new segment
+    /// both count it, which is cheaper than holding a shard lock for the duration of a BPE.
+    fn put(&self, key: u128, n: u64) {
+        if let Some(shard) = self.shard(key) {
+            shard.lock().unwrap_or_else(|e| e.into_inner()).put(key, n);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-request budget
+
+/// Bytes of text one request may have tokenized exactly. Only memo misses draw on it (a
+/// memoised segment costs a hash). 1 MiB is about 250 k tokens of English — more than the
+/// context of most models — and tokenizing it costs one core a few milliseconds (ASCII) to a
+/// few tens of milliseconds (other scripts; docs/estimation.md has the measured figures).
+/// Text past the budget is counted by the upper bound of **one token per byte**, which holds
+/// for every byte-level BPE (each token covers at least one byte): such a request reserves
+/// more than it will use, never less (fail closed), and the reconciliation with reported
+/// usage returns the difference.
+pub const EXACT_BUDGET_BYTES: usize = 1 << 20;
+
+/// Counts one request's text within its exact budget ([`EXACT_BUDGET_BYTES`]): the total
+/// work of an estimate is linear in the request and bounded by the budget plus a hash of the
+/// rest.
+#[derive(Debug)]
+struct Counter {
+    remaining: usize,
+    bounded_bytes: u64,
+}
+
+impl Counter {
+    fn new() -> Self {
+        Counter::with_budget(EXACT_BUDGET_BYTES)
+    }
+
+    fn with_budget(bytes: usize) -> Self {
+        Counter {
+            remaining: bytes,
+            bounded_bytes: 0,
+        }
+    }
+
+    /// The upper bound (one token per byte) for text that does not fit the budget.
+    fn bound(&mut self, text: &str) -> u64 {
+        let n = text.len() as u64;
+        self.bounded_bytes = self.bounded_bytes.saturating_add(n);
+        n
+    }
+
+    /// A short string (names, members of unknown parts), counted without the memo.
+    fn text(&mut self, text: &str) -> u64 {
+        match self.remaining.checked_sub(text.len()) {
+            Some(rest) => {
+                self.remaining = rest;
+                count_tokens(text)
+            }
+            None => self.bound(text),
+        }
+    }
+
+    /// A segment (message text, arguments, schema) through the memo: a hit costs no budget;
+    /// a miss is tokenized if it fits, and only exact counts are memoised.
+    fn segment(&mut self, text: &str) -> u64 {
+        if text.len() < MEMO_MIN_BYTES {
+            return self.text(text);
+        }
+        let key = xxh3_128(text.as_bytes());
+        if let Some(n) = MEMO.get(key) {
+            return n;
+        }
+        let Some(rest) = self.remaining.checked_sub(text.len()) else {
+            return self.bound(text);
+        };
+        self.remaining = rest;
+        let n = count_tokens(text);
+        MEMO.put(key, n);
+        n
+    }
+
+    /// Tokens of the JSON serialisation of `value` (tool definitions, schemas, tool
+    /// arguments).
+    fn serialized<T: serde::Serialize>(&mut self, value: &T) -> u64 {
+        serde_json::to_string(value).map_or(0, |json| self.segment(&json))
+    }
+
+    /// Tokens of the string members of an uninterpreted part, skipping inline binary
+    /// payloads.
+    fn json_strings(&mut self, value: &Value) -> u64 {
+        match value {
+            Value::String(s) if s.starts_with("data:") => 0,
+            Value::String(s) => self.text(s),
+            Value::Array(items) => items.iter().map(|v| self.json_strings(v)).sum(),
+            Value::Object(map) => map
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "data" | "file_data"))
+                .map(|(_, v)| self.json_strings(v))
+                .sum(),
+            _ => 0,
+        }
+    }
 }
 
 /// Empties the segment memo (for benchmarks and tests of the uncached path).
@@ -551,7 +674,9 @@ pub fn warm_up() {
 
 /// Number of `o200k_base` tokens in `text` (ordinary text: special-token strings such as
 /// `<|endoftext|>` count as the text they spell), identical to tiktoken's
-/// `len(encode_ordinary(text))`.
+/// `len(encode_ordinary(text))` as long as no pre-tokenised piece is longer than
+/// [`MAX_BPE_PIECE_BYTES`] (longer ones are counted in windows, within a few tokens per
+/// window). Linear in the length of `text`.
 pub fn count_tokens(text: &str) -> u64 {
     let t = &*O200K;
     PIECE_MEMO.with(|memo| {
@@ -569,6 +694,9 @@ pub fn count_tokens(text: &str) -> u64 {
             };
             if single {
                 return 1;
+            }
+            if piece.len() > MAX_BPE_PIECE_BYTES {
+                return count_long_piece(t, piece);
             }
             let (Some(key), Some(memo)) = (key, memo.as_mut()) else {
                 return t.tokenizer.bpe.count(piece) as u64;
@@ -594,6 +722,33 @@ pub fn count_tokens(text: &str) -> u64 {
                 .sum()
         }
     })
+}
+
+/// Longest piece given to the BPE whole. The backtracking BPE is not linear on long pieces of
+/// bytes it cannot merge well (a run of random bytes or symbols: the whole run is one piece of
+/// the pattern's punctuation class), so longer pieces are counted in windows of this size cut
+/// at character boundaries. A cut can only lose the merges across it, so the sum is the exact
+/// count plus at most a few tokens per window (well under 1 %); text of words, code and
+/// prose never has pieces this long.
+pub const MAX_BPE_PIECE_BYTES: usize = 512;
+
+fn count_long_piece(t: &O200k, piece: &[u8]) -> u64 {
+    let mut total = 0u64;
+    let mut rest = piece;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(MAX_BPE_PIECE_BYTES);
+        // Back up to the start of a UTF-8 character (never past the start of the window).
+        while cut < rest.len() && cut > 0 && (rest[cut] & 0xC0) == 0x80 {
+            cut -= 1;
+        }
+        if cut == 0 {
+            cut = rest.len().min(MAX_BPE_PIECE_BYTES);
+        }
+        let (window, tail) = rest.split_at(cut);
+        total += t.tokenizer.bpe.count(window) as u64;
+        rest = tail;
+    }
+    total
 }
 
 /// Pieces per thread whose BPE count is remembered (≈ 40 bytes each).
@@ -642,6 +797,16 @@ impl<'a> AsciiPieces<'a> {
         i
     }
 
+    /// Like [`run`](Self::run) but stops after `max` bytes.
+    fn run_at_most(&self, i: usize, max: usize, class: impl Fn(u8) -> bool) -> usize {
+        let limit = self.s.len().min(i.saturating_add(max));
+        let mut j = i;
+        while j < limit && class(self.s[j]) {
+            j += 1;
+        }
+        j
+    }
+
     fn at(&self, i: usize) -> Option<u8> {
         self.s.get(i).copied()
     }
@@ -678,8 +843,10 @@ impl<'a> AsciiPieces<'a> {
             return end + self.contraction(end);
         }
         // 3: digits, at most three.
+        // Bounded scan: the run's end is never looked for, so a long run of digits costs one
+        // pass in all (scanning it to the end for every three-digit piece was quadratic).
         if c.is_ascii_digit() {
-            return self.run(i, |b| b.is_ascii_digit()).min(i + 3);
+            return self.run_at_most(i, 3, |b| b.is_ascii_digit());
         }
         // 4: punctuation, optionally after one space.
         let punct_start = if is_other(c) {
@@ -1080,6 +1247,136 @@ mod tests {
     }
 
     #[test]
+    fn long_digit_run_splits_in_threes_like_the_regex() {
+        // 400 000 digits: the case that took ~13 s when every piece rescanned the run.
+        let text = "7".repeat(400_000);
+        let pieces = ascii_pieces(&text);
+        assert_eq!(pieces.len(), 133_334);
+        assert!(pieces[..133_333].iter().all(|p| *p == "777"));
+        assert_eq!(pieces[133_333], "7");
+        // Digits inside other text: runs still cut in threes, separators kept.
+        for text in ["12345678 3.14159", "x1234567y", "0000000000\n"] {
+            assert_eq!(ascii_pieces(text), regex_pieces(text), "{text:?}");
+        }
+        assert_eq!(
+            count_tokens(&"7".repeat(30_000)),
+            bpe_openai::o200k_base().count("7".repeat(30_000).as_str()) as u64
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn ascii_pieces_long_runs_match_regex(
+            unit in "[a-zA-Z0-9 \n'!/.]{1,3}",
+            repeat in 1usize..2_000,
+            tail in "[a-z0-9 ]{0,3}",
+        ) {
+            let text = format!("{}{tail}", unit.repeat(repeat));
+            prop_assert_eq!(ascii_pieces(&text), regex_pieces(&text));
+        }
+    }
+
+    /// Held by the tests that empty the process-wide segment memo or depend on its content.
+    static MEMO_TEST_LOCK: Mutex<()> = Mutex::new(());
+
+    fn user_chat(text: &str) -> ChatRequest {
+        chat(json!({"model": "m", "messages": [{"role": "user", "content": text}]}))
+    }
+
+    #[test]
+    fn estimate_within_budget_is_exact_and_past_it_is_the_byte_bound() {
+        let _memo = MEMO_TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        clear_memo();
+        // Within the budget: the exact count, not bounded.
+        let small = "hello world ".repeat(1_000);
+        let est = estimate_openai_chat(&user_chat(&small), &EstimateParams::default());
+        assert_eq!(est.bounded_bytes, 0);
+        assert_eq!(est.raw_input_tokens, 7 + count_tokens(&small));
+        // Past the budget: the segment is counted as one token per byte (an upper bound:
+        // the exact count of this text is a third of it), and flagged.
+        let huge = "7".repeat(EXACT_BUDGET_BYTES + 1);
+        let exact = count_tokens(&huge);
+        let est = estimate_openai_chat(&user_chat(&huge), &EstimateParams::default());
+        assert_eq!(est.bounded_bytes, huge.len() as u64);
+        assert_eq!(est.raw_input_tokens, 7 + huge.len() as u64);
+        assert!(est.raw_input_tokens >= exact, "the bound is an upper bound");
+        // Nothing bounded is memoised: the same text again is bounded again.
+        let again = estimate_openai_chat(&user_chat(&huge), &EstimateParams::default());
+        assert_eq!(again.bounded_bytes, huge.len() as u64);
+    }
+
+    #[test]
+    fn budget_is_per_request_and_shared_by_its_segments() {
+        let _memo = MEMO_TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        clear_memo();
+        // Two messages of 600 KiB each: the first is tokenized, the second does not fit the
+        // rest of the budget and is bounded; a later small message still fits.
+        let a = "a b ".repeat(150 * 1024);
+        let b = "c d ".repeat(150 * 1024);
+        let req = chat(json!({"model": "m", "messages": [
+            {"role": "user", "content": a},
+            {"role": "user", "content": b},
+            {"role": "user", "content": "hello world"}
+        ]}));
+        let est = estimate_openai_chat(&req, &EstimateParams::default());
+        assert_eq!(est.bounded_bytes, b.len() as u64);
+        assert_eq!(
+            est.raw_input_tokens,
+            3 + 3 * 4 + count_tokens(&a) + b.len() as u64 + 2
+        );
+        // A memoised segment costs no budget: now `a` is a hit, so `b` fits.
+        let req2 = chat(json!({"model": "m", "messages": [
+            {"role": "user", "content": a},
+            {"role": "user", "content": b}
+        ]}));
+        clear_memo();
+        let _ = count_segment(&a);
+        let est2 = estimate_openai_chat(&req2, &EstimateParams::default());
+        assert_eq!(est2.bounded_bytes, 0);
+        // Short strings draw on the same budget.
+        let mut c = Counter::with_budget(12);
+        assert_eq!(c.text("hello world"), 2);
+        assert_eq!(c.text("hello"), 5, "past the budget: one per byte");
+        assert_eq!(c.text("x"), 1);
+        assert_eq!(c.bounded_bytes, 5);
+    }
+
+    #[test]
+    fn long_pieces_are_counted_in_windows_close_to_exact() {
+        // One piece each (a run of the punctuation class, of CJK, of letters).
+        for text in ["🎉".repeat(3_000), "東京".repeat(2_000), "ab".repeat(4_000)] {
+            let exact = bpe_openai::o200k_base().count(text.as_str()) as u64;
+            let windows = count_tokens(&text);
+            let cuts = (text.len() / MAX_BPE_PIECE_BYTES) as u64 + 1;
+            assert!(
+                windows >= exact.saturating_sub(cuts) && windows <= exact + 2 * cuts,
+                "{} bytes: {windows} vs exact {exact}",
+                text.len()
+            );
+        }
+        // Pieces up to the window size stay exact.
+        let short = "🎉".repeat(MAX_BPE_PIECE_BYTES / 4);
+        assert_eq!(
+            count_tokens(&short),
+            bpe_openai::o200k_base().count(short.as_str()) as u64
+        );
+    }
+
+    #[test]
+    fn bounded_estimate_does_not_settle_calibration() {
+        let table = RouteCalibrations::new();
+        let est = Estimate {
+            raw_input_tokens: 2_000_000,
+            input_tokens: 2_000_000,
+            bounded_bytes: 2_000_000,
+            ..Estimate::default()
+        };
+        assert_eq!(table.settle("r", &est, 700_000), None);
+        assert_eq!(table.ratio("r"), 1.0);
+        assert!(table.get("r").is_none());
+    }
+
+    #[test]
     fn route_calibrations_settle_moves_ratio_within_bounds() {
         let table = RouteCalibrations::new();
         assert_eq!(table.ratio("r"), 1.0);
@@ -1088,6 +1385,7 @@ mod tests {
             input_tokens: 100,
             output_tokens: 0,
             spend_micro_usd: 0,
+            bounded_bytes: 0,
         };
         assert_eq!(table.settle("r", &est, 125), Some(-0.2));
         assert!((table.ratio("r") - 1.025).abs() < 1e-12);

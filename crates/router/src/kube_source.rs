@@ -108,6 +108,8 @@ pub struct Options {
     /// Keep quota buckets, pauses and breaker signals in Redis, shared by the replicas;
     /// `None` keeps them in this process.
     pub redis: Option<switchyard_store::RedisOptions>,
+    /// Connection limits, timeouts and the authentication opt-out.
+    pub serve: server::ServeOptions,
 }
 
 impl Options {
@@ -120,6 +122,7 @@ impl Options {
             resync: DEFAULT_RESYNC,
             debounce: DEFAULT_DEBOUNCE,
             redis: None,
+            serve: server::ServeOptions::default(),
         }
     }
 }
@@ -266,10 +269,14 @@ impl KubeRouter {
         let store = crate::broker::connect_store(options.redis.as_ref())
             .await
             .map_err(StartError::Store)?;
-        let app = App::with_store(
+        if options.serve.allow_anonymous {
+            tracing::warn!("--allow-anonymous: requests without an API key are served");
+        }
+        let app = App::with_options(
             Runtime::new(RoutingTable::default()),
             options.max_body_bytes,
             store,
+            options.serve.clone(),
         );
         app.ready.store(false, Ordering::Relaxed);
         let (providers, provider_writer) = writer::<LLMProvider>();

@@ -160,6 +160,8 @@ pub struct Metrics {
     /// Kubernetes mode: seconds the configuration has been served without a working watch
     /// (0 while every watch answers); fail-static shows here.
     pub config_stale_seconds: Gauge<f64, AtomicU64>,
+    /// 1 when the process serves requests without an API key (`--allow-anonymous`), else 0.
+    pub anonymous_access: Gauge,
 }
 
 impl Metrics {
@@ -183,6 +185,7 @@ impl Metrics {
             reloads: Family::default(),
             kube_watch_healthy: Family::default(),
             config_stale_seconds: Gauge::default(),
+            anonymous_access: Gauge::default(),
             tenant_charged: Family::default(),
             quota_decisions: Family::default(),
             reservations_in_flight: Gauge::default(),
@@ -306,6 +309,11 @@ impl Metrics {
             "estimation_error_ratio",
             "Relative error of the input-token estimate per settled request",
             m.estimation_error.clone(),
+        );
+        registry.register(
+            "anonymous_access_allowed",
+            "1 when requests without an API key are served (--allow-anonymous), else 0",
+            m.anonymous_access.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -11,7 +11,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 
 use crate::clock::Clock;
@@ -34,6 +33,8 @@ pub struct App {
     pub clock: Clock,
     /// Largest accepted request body, bytes.
     pub max_body_bytes: usize,
+    /// Connection limits, timeouts and the authentication opt-out.
+    pub serve: ServeOptions,
     /// Whether the configuration has loaded (for `/readyz`).
     pub ready: std::sync::atomic::AtomicBool,
     /// Last known status of every condition, to keep `lastTransitionTime` until a flip.
@@ -49,6 +50,9 @@ pub struct App {
     /// Whether the tokenizer has loaded (`/readyz` waits for it: the first request would
     /// otherwise pay the load).
     pub warmed: std::sync::atomic::AtomicBool,
+    /// Permits for estimates on the blocking pool (one per core), so a burst of huge
+    /// requests queues instead of occupying hundreds of blocking threads.
+    pub estimators: tokio::sync::Semaphore,
 }
 
 impl App {
@@ -61,12 +65,27 @@ impl App {
         )
     }
 
-    /// An app serving `runtime` whose quotas live in `store` (in-process or Redis).
+    /// An app serving `runtime` whose quotas live in `store` (in-process or Redis), with the
+    /// default [`ServeOptions`] (API keys required).
     pub fn with_store(
         runtime: Arc<Runtime>,
         max_body_bytes: usize,
         store: switchyard_store::QuotaStore,
     ) -> Arc<App> {
+        Self::with_options(runtime, max_body_bytes, store, ServeOptions::default())
+    }
+
+    /// An app with explicit [`ServeOptions`].
+    pub fn with_options(
+        runtime: Arc<Runtime>,
+        max_body_bytes: usize,
+        store: switchyard_store::QuotaStore,
+        serve: ServeOptions,
+    ) -> Arc<App> {
+        let metrics = Metrics::new();
+        metrics
+            .anonymous_access
+            .set(i64::from(serve.allow_anonymous));
         let idempotency = Arc::new(crate::idempotency::Idempotency::new(
             DEFAULT_IDEMPOTENCY_TTL,
         ));
@@ -75,18 +94,65 @@ impl App {
             idempotency.share_through(store.clone());
         }
         Arc::new(App {
+            serve,
             broker: crate::broker::Broker::new(store),
             calibrations: crate::estimate::RouteCalibrations::new(),
             warmed: std::sync::atomic::AtomicBool::new(false),
+            estimators: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            ),
             idempotency,
             runtime,
-            metrics: Metrics::new(),
+            metrics,
             clock: Clock::new(),
             max_body_bytes,
             ready: std::sync::atomic::AtomicBool::new(true),
             transitions: crate::status::Transitions::default(),
             config_messages: std::sync::Mutex::new(Vec::new()),
         })
+    }
+}
+
+/// Settings of the client-facing server that are not configuration objects: they belong to
+/// the process (flags), so no change to the manifests or the cluster can alter them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Serve requests that carry no API key, as the tenant-less `anonymous` project
+    /// (`--allow-anonymous`; off by default). Off, every client request needs the key of a
+    /// TenantQuota — with no TenantQuota at all, every request is refused with 401. Whether a
+    /// TenantQuota exists never turns authentication on or off (issue 12 item 5). Shown in
+    /// `/status` (`authentication`) and as the `switchyard_anonymous_access_allowed` gauge.
+    pub allow_anonymous: bool,
+    /// Longest time a client may take to send a request's head (request line and headers),
+    /// and to start the next request on a keep-alive connection; past it the connection is
+    /// closed (slowloris). Default [`DEFAULT_HEADER_READ_TIMEOUT`].
+    pub header_read_timeout: Duration,
+    /// Longest time reading a request body may take once the head is in; past it the client
+    /// gets 408 in its API's error shape. Default [`DEFAULT_BODY_READ_TIMEOUT`].
+    pub body_read_timeout: Duration,
+    /// Client connections served at once; more wait in the kernel's listen backlog.
+    /// Default [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: usize,
+}
+
+/// Default [`ServeOptions::header_read_timeout`]: 10 s, ample for any client on a working
+/// network (a request head is one or two packets), short enough that a slowloris client
+/// holds a connection for seconds, not forever.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`ServeOptions::body_read_timeout`]: 60 s, a 32 MiB body at ~4 Mbit/s.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default [`ServeOptions::max_connections`]: 4096, below the usual 65 536 descriptors
+/// limit with room for upstream connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            allow_anonymous: false,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
     }
 }
 
@@ -125,15 +191,36 @@ pub fn router(app: Arc<App>) -> Router {
         // error shape; axum's default limit would answer in plain text.
         .layer(DefaultBodyLimit::disable())
         .layer(SetSensitiveRequestHeadersLayer::new(sensitive_headers()))
-        .layer(CatchPanicLayer::custom(|_| {
+        .layer(axum::middleware::from_fn(catch_panics))
+        .with_state(app)
+}
+
+/// The outermost layer: a panic in a handler answers 500 in the dialect of the endpoint
+/// (Anthropic's error shape on `/v1/messages`, OpenAI's elsewhere) instead of dropping the
+/// connection. tower-http's `CatchPanicLayer` cannot see the request, so it always answered in
+/// OpenAI's shape (issue 12 item 7).
+async fn catch_panics(request: Request, next: axum::middleware::Next) -> Response {
+    use futures::FutureExt as _;
+    let dialect = if request.uri().path().starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
+    match std::panic::AssertUnwindSafe(next.run(request))
+        .catch_unwind()
+        .await
+    {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::error!("a request handler panicked");
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 "internal error",
             )
-            .into_response(Dialect::OpenAi)
-        }))
-        .with_state(app)
+            .into_response(dialect)
+        }
+    }
 }
 
 async fn not_found(request: Request) -> Response {
@@ -261,7 +348,7 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
             )
             .into_response(dialect);
         }
-        None if live.table.auth_required => {
+        None if !app.serve.allow_anonymous => {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "missing_api_key",
@@ -327,10 +414,9 @@ fn api_key(headers: &HeaderMap) -> Option<&str> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        return v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-            .map(str::trim);
+        // The auth scheme is case-insensitive (RFC 9110 §11.1): `Bearer`, `bearer`, `BEARER`.
+        let (scheme, token) = v.split_once(' ')?;
+        return scheme.eq_ignore_ascii_case("bearer").then(|| token.trim());
     }
     headers
         .get("x-api-key")
@@ -431,7 +517,7 @@ async fn prepare(
                 ));
             }
         },
-        None if live.table.auth_required => {
+        None if !app.serve.allow_anonymous => {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "missing_api_key",
@@ -440,15 +526,13 @@ async fn prepare(
         }
         None => None,
     };
-    let bytes = axum::body::to_bytes(Body::new(body), app.max_body_bytes)
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                format!("the request body exceeds {} bytes", app.max_body_bytes),
-            )
-        })?;
+    let bytes = read_body(
+        &parts.headers,
+        Body::new(body),
+        app.max_body_bytes,
+        app.serve.body_read_timeout,
+    )
+    .await?;
     let invalid = |e: serde_json::Error| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -472,11 +556,23 @@ async fn prepare(
         ClientOp::Embeddings | ClientOp::Rerank => {
             let v: serde_json::Map<String, Value> =
                 serde_json::from_slice(&bytes).map_err(invalid)?;
-            let model = v
-                .get("model")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
+            let model = match v.get("model") {
+                Some(Value::String(m)) => m.clone(),
+                Some(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request",
+                        "the request body is not valid: `model` must be a string",
+                    ));
+                }
+                None => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request",
+                        "the request body is not valid: missing field `model`",
+                    ));
+                }
+            };
             (ClientBody::Json(v), model, false, false)
         }
         ClientOp::Transcription => {
@@ -498,7 +594,7 @@ async fn prepare(
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "model_not_found",
-            format!("the model {model:?} does not exist"),
+            format!("the model {:?} does not exist", shown(&model)),
         ));
     };
     let route = &live.table.routes[route_index];
@@ -525,6 +621,21 @@ async fn prepare(
         ));
     }
     check_body(&body)?;
+    // A limit that cannot be built is never silently dropped: the route or tenant declaring
+    // it takes no traffic until it is fixed (issue 12 item 8).
+    let unenforceable = route
+        .limit_problems
+        .first()
+        .or_else(|| tenant.as_ref().and_then(|t| t.limit_problems.first()));
+    if let Some(problem) = unenforceable {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "quota_config_invalid",
+            format!(
+                "a configured limit cannot be enforced ({problem}); the request is refused until the configuration is fixed"
+            ),
+        ));
+    }
     if let Some(t) = &tenant
         && !t.may_use(&route.name)
     {
@@ -562,28 +673,16 @@ async fn prepare(
         pricing: crate::wire::usage::Pricing::default(),
         ratio: app.calibrations.ratio(&route.key),
     };
-    let estimate = match &body {
-        ClientBody::Chat(r) => crate::estimate::estimate_openai_chat(r, &params),
-        ClientBody::Messages(r) => crate::estimate::estimate_anthropic_messages(r, &params),
-        ClientBody::Json(map) if op == ClientOp::Transcription => {
-            crate::transcription::estimate(audio_seconds, map.get("prompt").and_then(Value::as_str))
-        }
-        ClientBody::Json(map) => {
-            match serde_json::from_value::<openai::EmbeddingsRequest>(Value::Object(map.clone())) {
-                Ok(e) if op == ClientOp::Embeddings => {
-                    crate::estimate::estimate_openai_embeddings(&e, &params)
-                }
-                // Rerank: no tokenizer walk; about four bytes per token.
-                _ => {
-                    let raw = u64::try_from(bytes.len() / 4).unwrap_or(u64::MAX);
-                    crate::estimate::Estimate {
-                        raw_input_tokens: raw,
-                        input_tokens: raw,
-                        ..Default::default()
-                    }
-                }
-            }
-        }
+    let (body, estimate) = if op == ClientOp::Transcription {
+        // Audio is estimated from its duration, not walked by the tokenizer.
+        let prompt = match &body {
+            ClientBody::Json(map) => map.get("prompt").and_then(Value::as_str),
+            _ => None,
+        };
+        let estimate = crate::transcription::estimate(audio_seconds, prompt);
+        (body, estimate)
+    } else {
+        estimate_off_runtime(app, op, body, bytes.len(), params).await?
     };
     let estimated_input_tokens = estimate.input_tokens;
     let output_allowance = estimate.output_tokens;
@@ -602,12 +701,157 @@ async fn prepare(
             output_allowance,
             estimate,
             fingerprint: xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, op as u64),
+            dropped: Default::default(),
         },
     ))
 }
 
+/// Reads a request body with its three distinct failures (issue 12 item 3): 413 only when it
+/// is larger than `max` (a `Content-Length` above it is refused before reading), 400 when the
+/// framing is broken (a bad chunk size, a body shorter than its `Content-Length`), 408 when
+/// it stops arriving for `timeout` in all.
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    max: usize,
+    timeout: Duration,
+) -> Result<bytes::Bytes, ApiError> {
+    use futures::StreamExt as _;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("the request body exceeds {max} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut stream = body.into_data_stream();
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!(
+                        "the request body did not arrive within {} s",
+                        timeout.as_secs_f64()
+                    ),
+                ));
+            }
+            Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(Ok(chunk))) => {
+                if buf.len().saturating_add(chunk.len()) > max {
+                    return Err(too_large());
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    format!("the request body is malformed: {e}"),
+                ));
+            }
+        }
+    }
+}
+
+/// Bodies up to this size are estimated on the handler's task (≤ ~20 µs per 4 KB); larger ones
+/// on tokio's blocking pool, so that tokenizing up to [`crate::estimate::EXACT_BUDGET_BYTES`]
+/// of text never holds a runtime worker that other connections (and `/healthz`) need.
+pub const INLINE_ESTIMATE_MAX_BYTES: usize = 64 * 1024;
+
+/// Step 2 of the request path, off the runtime for large bodies: at most
+/// [`App::estimators`] estimates run on the blocking pool at once (one per core), the others
+/// wait for a permit without holding a thread.
+async fn estimate_off_runtime(
+    app: &App,
+    op: ClientOp,
+    body: ClientBody,
+    body_bytes: usize,
+    params: crate::estimate::EstimateParams,
+) -> Result<(ClientBody, crate::estimate::Estimate), ApiError> {
+    if body_bytes <= INLINE_ESTIMATE_MAX_BYTES {
+        let estimate = estimate_body(op, &body, body_bytes, &params);
+        return Ok((body, estimate));
+    }
+    let internal = || {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error while estimating the request",
+        )
+    };
+    let _permit = app.estimators.acquire().await.map_err(|_| internal())?;
+    tokio::task::spawn_blocking(move || {
+        let estimate = estimate_body(op, &body, body_bytes, &params);
+        (body, estimate)
+    })
+    .await
+    .map_err(|_| internal())
+}
+
+/// The estimate of a parsed body (tokenizer walk; rerank: about four bytes per token).
+fn estimate_body(
+    op: ClientOp,
+    body: &ClientBody,
+    body_bytes: usize,
+    params: &crate::estimate::EstimateParams,
+) -> crate::estimate::Estimate {
+    match body {
+        ClientBody::Chat(r) => crate::estimate::estimate_openai_chat(r, params),
+        ClientBody::Messages(r) => crate::estimate::estimate_anthropic_messages(r, params),
+        ClientBody::Json(map) => {
+            match serde_json::from_value::<openai::EmbeddingsRequest>(Value::Object(map.clone())) {
+                Ok(e) if op == ClientOp::Embeddings => {
+                    crate::estimate::estimate_openai_embeddings(&e, params)
+                }
+                // Rerank: no tokenizer walk; about four bytes per token.
+                _ => {
+                    let raw = u64::try_from(body_bytes / 4).unwrap_or(u64::MAX);
+                    crate::estimate::Estimate {
+                        raw_input_tokens: raw,
+                        input_tokens: raw,
+                        ..Default::default()
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A client-supplied name as echoed in an error message: at most 256 bytes (cut at a
+/// character boundary, marked with `…`), so a megabyte of model name is not sent back.
+fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 256;
+    if name.len() <= MAX {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut cut = MAX;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &name[..cut]))
+}
+
+/// Largest output cap (`max_tokens`, `max_completion_tokens`) forwarded: above every current
+/// model's output limit (128 k), far below values that would saturate a reservation.
+pub const MAX_OUTPUT_TOKENS: u64 = 1_000_000;
+/// Largest `n` (choices) forwarded: OpenAI's own limit.
+pub const MAX_CHOICES: u32 = 128;
+/// Largest embeddings `dimensions` forwarded (text-embedding-3-large has 3072).
+pub const MAX_EMBEDDING_DIMENSIONS: u64 = 65_536;
+
 /// Rejects what the providers' own APIs would reject before anything is sent: an empty
-/// conversation or an output cap of zero.
+/// conversation, an output cap of zero or out of range, `n` or `dimensions` out of range.
 fn check_body(body: &ClientBody) -> Result<(), ApiError> {
     let invalid = |m: &str| Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m));
     match body {
@@ -618,6 +862,14 @@ fn check_body(body: &ClientBody) -> Result<(), ApiError> {
             if r.output_cap() == Some(0) {
                 return invalid("`max_tokens` / `max_completion_tokens` must be at least 1");
             }
+            if r.output_cap().is_some_and(|c| c > MAX_OUTPUT_TOKENS) {
+                return invalid(&format!(
+                    "`max_tokens` / `max_completion_tokens` must be at most {MAX_OUTPUT_TOKENS}"
+                ));
+            }
+            if r.n.is_some_and(|n| !(1..=MAX_CHOICES).contains(&n)) {
+                return invalid(&format!("`n` must be from 1 to {MAX_CHOICES}"));
+            }
         }
         ClientBody::Messages(r) => {
             if r.messages.is_empty() {
@@ -626,8 +878,21 @@ fn check_body(body: &ClientBody) -> Result<(), ApiError> {
             if r.max_tokens == 0 {
                 return invalid("`max_tokens` must be at least 1");
             }
+            if r.max_tokens > MAX_OUTPUT_TOKENS {
+                return invalid(&format!("`max_tokens` must be at most {MAX_OUTPUT_TOKENS}"));
+            }
         }
-        ClientBody::Json(_) => {}
+        ClientBody::Json(map) => {
+            if let Some(d) = map.get("dimensions").filter(|d| !d.is_null())
+                && !d
+                    .as_u64()
+                    .is_some_and(|d| (1..=MAX_EMBEDDING_DIMENSIONS).contains(&d))
+            {
+                return invalid(&format!(
+                    "`dimensions` must be an integer from 1 to {MAX_EMBEDDING_DIMENSIONS}"
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -638,14 +903,6 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt as _;
-    // Without TCP_NODELAY a streamed response, written in several small writes, waits for the
-    // client's delayed ACK (40 ms on Linux) after its first write (docs/benchmarks.md).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "failed to set TCP_NODELAY on a client connection");
-        }
-    });
     let pump = tokio::spawn(app.broker.clone().run_pump(app.clock));
     let signals = tokio::spawn(crate::signals::run(app.clone()));
     // Load the tokenizer's vocabulary now rather than in the first request; ready after.
@@ -656,13 +913,133 @@ pub async fn serve(
             .warmed
             .store(true, std::sync::atomic::Ordering::Relaxed);
     });
-    let served = axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let options = app.serve.clone();
+    let served = accept_loop(listener, router(app), &options, shutdown).await;
     pump.abort();
     signals.abort();
     served
 }
 
+/// The HTTP/1.1 server (hyper) with the connection-level protections of [`ServeOptions`]:
+/// at most `max_connections` at once (further clients wait in the listen backlog), a deadline
+/// for the request head (which hyper also applies to the wait for the next request on a
+/// keep-alive connection, so it is the idle timeout as well), and a graceful stop: on
+/// `shutdown` no new connection is accepted, idle ones close, and in-flight requests finish.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    options: &ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut conns = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        while conns.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            r = listener.accept() => r,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Typically EMFILE: back off instead of spinning.
+                tracing::warn!(error = %e, "failed to accept a client connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Without TCP_NODELAY a streamed response, written in several small writes, waits for
+        // the client's delayed ACK (40 ms on Linux) after its first write (docs/benchmarks.md).
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "failed to set TCP_NODELAY on a client connection");
+        }
+        let app = app.clone();
+        let mut stop = stop_rx.clone();
+        let header_timeout = options.header_read_timeout;
+        conns.spawn(async move {
+            let _permit = permit;
+            let service =
+                hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                    let mut app = app.clone();
+                    async move { tower::Service::call(&mut app, request.map(Body::new)).await }
+                });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "client connection ended with an error");
+                    }
+                    return;
+                }
+                _ = stop.wait_for(|s| *s) => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    while conns.join_next().await.is_some() {}
+    Ok(())
+}
+
 /// How often the control loop housekeeping runs.
 pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn call(router: Router, path: &str) -> (StatusCode, Value) {
+        let request = axum::http::Request::post(path).body(Body::empty()).unwrap();
+        let response = tower::ServiceExt::oneshot(router, request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_panic_answers_500_in_the_endpoints_dialect() {
+        async fn boom() -> &'static str {
+            panic!("handler bug")
+        }
+        let router = Router::new()
+            .route("/v1/messages", post(boom))
+            .route("/v1/chat/completions", post(boom))
+            .layer(axum::middleware::from_fn(catch_panics));
+        let (status, body) = call(router.clone(), "/v1/messages").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body["type"], json!("error"), "{body}");
+        assert_eq!(body["error"]["type"], json!("api_error"), "{body}");
+        let (status, body) = call(router, "/v1/chat/completions").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body["error"]["code"], json!("internal"), "{body}");
+    }
+
+    #[test]
+    fn shown_cuts_long_names_at_a_character_boundary() {
+        assert_eq!(shown("gpt-4o"), "gpt-4o");
+        let long = "é".repeat(200);
+        let cut = shown(&long);
+        assert!(cut.len() <= 256 + "…".len());
+        assert!(cut.ends_with('…'));
+    }
+}

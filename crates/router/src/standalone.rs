@@ -36,6 +36,8 @@ pub struct Options {
     pub redis: Option<switchyard_store::RedisOptions>,
     /// How long a completed answer is replayed for a repeated `Idempotency-Key`.
     pub idempotency_ttl: std::time::Duration,
+    /// Connection limits, timeouts and the authentication opt-out.
+    pub serve: server::ServeOptions,
 }
 
 /// Why standalone mode could not start.
@@ -67,8 +69,8 @@ fn build(dir: &Path, secrets: &SecretSource) -> Result<RoutingTable, LoadErrors>
     }
     if manifests.tenants.is_empty() {
         tracing::warn!(
-            "no TenantQuota in the manifests: authentication is off; requests without a key are \
-             served as anonymous and any key is refused"
+            "no TenantQuota in the manifests: no API key is valid, so every request without \
+             --allow-anonymous is refused with 401"
         );
     }
     let table = RoutingTable::build(&manifests, secrets);
@@ -98,7 +100,15 @@ pub async fn run(
     let store = crate::broker::connect_store(options.redis.as_ref())
         .await
         .map_err(StartError::Store)?;
-    let app = App::with_store(runtime, options.max_body_bytes, store);
+    if options.serve.allow_anonymous {
+        tracing::warn!("--allow-anonymous: requests without an API key are served");
+    }
+    let app = App::with_options(
+        runtime,
+        options.max_body_bytes,
+        store,
+        options.serve.clone(),
+    );
     app.idempotency.set_ttl(options.idempotency_ttl);
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await

@@ -88,6 +88,19 @@ pub struct StatusDocument {
     /// mode), so replicas can be compared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// How clients authenticate on this process.
+    #[serde(default)]
+    pub authentication: AuthenticationStatus,
+}
+
+/// The authentication mode of the process (a flag, never derived from the configuration).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthenticationStatus {
+    /// Whether a request without an API key is served (`--allow-anonymous`).
+    pub anonymous_allowed: bool,
+    /// One line for people: what a request without a key gets.
+    pub message: String,
 }
 
 /// "serving", or why the provider is taking no traffic right now: a Retry-After or exhaustion
@@ -257,7 +270,20 @@ pub fn snapshot(app: &App) -> StatusDocument {
                 })
                 .collect();
             let usable = entries.iter().filter(|e| e.eligible).count();
-            let ready = if usable > 0 {
+            let ready = if !r.limit_problems.is_empty() {
+                t.condition(
+                    &r.key,
+                    condition::READY,
+                    false,
+                    reason::INVALID_SPEC,
+                    format!(
+                        "a limit cannot be enforced, requests are refused: {}",
+                        r.limit_problems.join("; ")
+                    ),
+                    r.generation,
+                    now,
+                )
+            } else if usable > 0 {
                 t.condition(
                     &r.key,
                     condition::READY,
@@ -315,7 +341,20 @@ pub fn snapshot(app: &App) -> StatusDocument {
         .tenants
         .iter()
         .map(|tenant| {
-            let ready = if tenant.key_problems.is_empty() {
+            let ready = if !tenant.limit_problems.is_empty() {
+                t.condition(
+                    &tenant.key,
+                    condition::READY,
+                    false,
+                    reason::INVALID_SPEC,
+                    format!(
+                        "a limit cannot be enforced, requests are refused: {}",
+                        tenant.limit_problems.join("; ")
+                    ),
+                    tenant.generation,
+                    now,
+                )
+            } else if tenant.key_problems.is_empty() {
                 t.condition(
                     &tenant.key,
                     condition::READY,
@@ -359,6 +398,14 @@ pub fn snapshot(app: &App) -> StatusDocument {
         tenants,
         messages,
         revision: live.table.revision.clone(),
+        authentication: AuthenticationStatus {
+            anonymous_allowed: app.serve.allow_anonymous,
+            message: if app.serve.allow_anonymous {
+                "requests without an API key are served as anonymous (--allow-anonymous)".to_owned()
+            } else {
+                "an API key of a TenantQuota is required on every request".to_owned()
+            },
+        },
     }
 }
 
@@ -372,6 +419,9 @@ pub fn render_table(doc: &StatusDocument) -> String {
 
     use switchyard_api::provider::health_reason;
     let mut out = String::new();
+    if !doc.authentication.message.is_empty() {
+        let _ = writeln!(out, "AUTHENTICATION: {}\n", doc.authentication.message);
+    }
     let _ = writeln!(out, "LLMPROVIDERS");
     let _ = writeln!(
         out,

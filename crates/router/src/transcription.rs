@@ -237,6 +237,8 @@ pub fn estimate(seconds: f64, prompt: Option<&str>) -> Estimate {
             .saturating_mul(OUTPUT_TOKENS_PER_SECOND)
             .saturating_add(OUTPUT_TOKENS_BASE),
         spend_micro_usd: 0,
+        // Not a tokenizer count: never used to calibrate the route's text estimates.
+        bounded_bytes: 0,
     }
 }
 

@@ -419,7 +419,16 @@ async fn case26_run2_audio_broken_text_stays_healthy_and_routable() {
         vec![chat_policy("mix-chat", "p-mix")],
     );
     let runtime = Runtime::new(t);
-    let app = App::new(runtime.clone(), 1 << 20);
+    // This test sends requests without a key: the process opts into anonymous access.
+    let app = App::with_options(
+        runtime.clone(),
+        1 << 20,
+        switchyard_store::QuotaStore::in_process(),
+        switchyard_router::server::ServeOptions {
+            allow_anonymous: true,
+            ..Default::default()
+        },
+    );
     // The probe loop standalone runs, on the router's own board.
     let probes = tokio::spawn(probe::run_for_app(app.clone()));
 

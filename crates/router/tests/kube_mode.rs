@@ -12,7 +12,7 @@ mod kube_support;
 use std::time::Duration;
 
 use kube_support::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -474,8 +474,10 @@ async fn kube_router_invalid_object_keeps_last_good_and_secret_rotation_applies(
     router.stop().await.unwrap();
 }
 
-/// TenantQuota API keys come from Secrets through the reflector: authentication turns on with
-/// the first TenantQuota, and a rotated key replaces the old one.
+/// TenantQuota API keys come from Secrets through the reflector, and a rotated key replaces
+/// the old one. Authentication never depends on whether a TenantQuota exists (issue 12 item
+/// 5): with none, before the first and after the last is deleted, a request without a key
+/// gets 401; `/status` and the metric say keys are required.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_router_tenant_keys_from_secrets_authenticate() {
     let _guard = serial().await;
@@ -483,7 +485,7 @@ async fn kube_router_tenant_keys_from_secrets_authenticate() {
     let _mocks = Mocks::start(&api, &["p-a"]).await;
     api.apply("routingpolicies", "r1", policy(&["p-a"]));
     let endpoint = api.endpoint().await;
-    let router = router(&endpoint, RESYNC).await;
+    let router = router_with(&endpoint, options(RESYNC)).await;
     let send = |key: Option<&'static str>| {
         let addr = router.addr;
         async move {
@@ -498,8 +500,26 @@ async fn kube_router_tenant_keys_from_secrets_authenticate() {
     };
     assert_eq!(
         send(None).await,
-        200,
-        "no TenantQuota: authentication is off"
+        401,
+        "no TenantQuota: keys are still required"
+    );
+    assert_eq!(send(Some("sk-anything")).await, 401);
+    let status: Value = reqwest::get(format!("http://{}/status", router.addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["authentication"]["anonymousAllowed"], json!(false));
+    let metrics = reqwest::get(format!("http://{}/metrics", router.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("switchyard_anonymous_access_allowed 0"),
+        "{metrics}"
     );
 
     api.apply("secrets", "t1-keys", secret("main", "sk-tenant-1"));
@@ -508,11 +528,11 @@ async fn kube_router_tenant_keys_from_secrets_authenticate() {
         "t1",
         json!({"spec": {"apiKeys": [{"name": "main", "secretRef": {"name": "t1-keys", "key": "main"}}]}}),
     );
-    eventually(Duration::from_secs(5), "authentication on", || async {
-        send(None).await == 401
+    eventually(Duration::from_secs(5), "tenant key accepted", || async {
+        send(Some("sk-tenant-1")).await == 200
     })
     .await;
-    assert_eq!(send(Some("sk-tenant-1")).await, 200);
+    assert_eq!(send(None).await, 401);
     assert_eq!(send(Some("sk-other")).await, 401);
 
     api.apply("secrets", "t1-keys", secret("main", "sk-tenant-2"));
@@ -521,6 +541,20 @@ async fn kube_router_tenant_keys_from_secrets_authenticate() {
     })
     .await;
     assert_eq!(send(Some("sk-tenant-1")).await, 401);
+
+    // Deleting the last TenantQuota must not open the router.
+    api.delete("tenantquotas", "t1");
+    eventually(
+        Duration::from_secs(5),
+        "deleted tenant's key refused",
+        || async { send(Some("sk-tenant-2")).await == 401 },
+    )
+    .await;
+    assert_eq!(
+        send(None).await,
+        401,
+        "last TenantQuota deleted: still closed"
+    );
     router.stop().await.unwrap();
 }
 
@@ -533,6 +567,7 @@ async fn kube_router_all_namespaces_lists_cluster_wide_paths() {
     let endpoint = api.endpoint().await;
     let mut o = options(RESYNC);
     o.namespace = None;
+    o.serve.allow_anonymous = true;
     let router = router_with(&endpoint, o).await;
     assert_eq!(
         chat(&router, "all-1", false).await,

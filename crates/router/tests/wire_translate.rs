@@ -804,3 +804,63 @@ fn stream_openai_to_anthropic_azure_filter_chunk_and_sparse_fields_are_tolerated
     assert_eq!(start["message"]["id"], "x1");
     assert_eq!(start["message"]["model"], "local");
 }
+
+/// Issue 12 item 6: `response_format` is translated where Anthropic has an equivalent
+/// (`json_schema` → structured outputs' `output_format`; `text` is the default) and reported
+/// as dropped where it has none (`json_object`), as are `seed` and `logit_bias`.
+#[test]
+fn openai_response_format_maps_to_output_format_or_is_reported() {
+    let opts = RequestOptions {
+        default_max_tokens: 256,
+    };
+    let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}},
+        "required": ["answer"], "additionalProperties": false});
+    let t = openai_to_anthropic_request(
+        oa_req(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema",
+                "json_schema": {"name": "answer", "strict": true, "schema": schema}}}),
+        ),
+        opts,
+    )
+    .unwrap();
+    assert!(t.dropped.is_empty(), "{:?}", t.dropped);
+    let body = serde_json::to_value(&t.value).unwrap();
+    assert_eq!(
+        body["output_format"],
+        json!({"type": "json_schema", "schema": schema})
+    );
+
+    let t = openai_to_anthropic_request(
+        oa_req(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "text"}}),
+        ),
+        opts,
+    )
+    .unwrap();
+    assert!(t.dropped.is_empty(), "{:?}", t.dropped);
+    assert!(
+        serde_json::to_value(&t.value)
+            .unwrap()
+            .get("output_format")
+            .is_none()
+    );
+
+    let t = openai_to_anthropic_request(
+        oa_req(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"}, "seed": 7, "logit_bias": {"50256": -100}}),
+        ),
+        opts,
+    )
+    .unwrap();
+    assert_eq!(
+        t.dropped,
+        vec![
+            "logit_bias".to_owned(),
+            "response_format".to_owned(),
+            "seed".to_owned()
+        ]
+    );
+}

@@ -43,6 +43,8 @@ enum Command {
         no_watch: bool,
         #[command(flatten)]
         redis: RedisArgs,
+        #[command(flatten)]
+        serve: ServeArgs,
         /// How long a completed non-streaming answer is replayed to a request repeating its
         /// `Idempotency-Key`.
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
@@ -76,6 +78,8 @@ enum Command {
         resync: std::time::Duration,
         #[command(flatten)]
         redis: RedisArgs,
+        #[command(flatten)]
+        serve: ServeArgs,
     },
     /// Print the computed status of a running router as tables.
     Status {
@@ -185,6 +189,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_body_bytes,
             resync,
             redis,
+            serve,
         } => runtime()?.block_on(async move {
             use switchyard_router::kube_source;
             let (client, default_namespace) = kube_source::connect(kubeconfig.as_deref()).await?;
@@ -193,6 +198,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             options.max_body_bytes = max_body_bytes;
             options.resync = resync;
             options.redis = redis.options();
+            options.serve = serve.options();
             with_drain(|shutdown| kube_source::run(client, options, shutdown))
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))
@@ -205,6 +211,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_body_bytes,
             no_watch,
             redis,
+            serve,
             idempotency_ttl,
         } => runtime()?.block_on(async move {
             let mut handles = Vec::new();
@@ -233,6 +240,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 watch: !no_watch,
                 redis: redis.options(),
                 idempotency_ttl,
+                serve: serve.options(),
             };
             let served =
                 with_drain(|shutdown| switchyard_router::standalone::run(options, shutdown)).await;
@@ -276,6 +284,38 @@ impl RedisArgs {
             slot_lease: self.redis_slot_lease,
             ..switchyard_store::RedisOptions::new(url)
         })
+    }
+}
+
+/// The client-facing server's process settings (shared by `standalone` and `router`).
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Serve requests that carry no API key (as the `anonymous` project). Off by default:
+    /// every request needs a TenantQuota's key, and with no TenantQuota every request gets
+    /// 401. Shown in `/status` and as the `switchyard_anonymous_access_allowed` metric.
+    #[arg(long, env = "SWITCHYARD_ALLOW_ANONYMOUS")]
+    allow_anonymous: bool,
+    /// Longest time a client may take to send a request's head, and to start its next
+    /// request on a keep-alive connection (so also the idle keep-alive timeout); the
+    /// connection is closed past it.
+    #[arg(long, env = "SWITCHYARD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    header_read_timeout: std::time::Duration,
+    /// Longest time reading a request body may take; past it the client gets 408.
+    #[arg(long, env = "SWITCHYARD_BODY_READ_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    body_read_timeout: std::time::Duration,
+    /// Client connections served at once; further clients wait in the listen backlog.
+    #[arg(long, env = "SWITCHYARD_MAX_CONNECTIONS", default_value_t = switchyard_router::server::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+}
+
+impl ServeArgs {
+    fn options(self) -> switchyard_router::server::ServeOptions {
+        switchyard_router::server::ServeOptions {
+            allow_anonymous: self.allow_anonymous,
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            max_connections: self.max_connections,
+        }
     }
 }
 
@@ -340,11 +380,15 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
     } else {
         switchyard_router::status::render_table(&doc)
     };
-    #[allow(clippy::print_stdout)] // the command's output
-    {
-        println!("{text}");
+    // The command's output. A closed pipe (`switchyard status | head`) ends it quietly rather
+    // than panicking as `println!` would.
+    use std::io::Write as _;
+    match writeln!(std::io::stdout(), "{text}") {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::from(e).context("failed to write the status"))
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 fn simulate(scenarios: &[PathBuf], out: &std::path::Path) -> anyhow::Result<()> {

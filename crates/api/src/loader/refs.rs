@@ -186,15 +186,22 @@ fn same_bucket(a: &Limit, b: &Limit) -> bool {
     a.amount == b.amount && a.rule == b.rule && a.period == b.period && a.reset_at == b.reset_at
 }
 
+/// Every limit must build into a bucket ([`Limit::bucket`], the verdict the router uses):
+/// what the schema cannot express (a period beyond the duration range, a reset time on a
+/// window that is not whole days, an unknown time zone) is refused here, not at run time.
 fn check_time_zones(limits: &[Limit], mut push: impl FnMut(String, String)) {
     for (i, limit) in limits.iter().enumerate() {
-        if let Some(tz) = &limit.time_zone
-            && tz.parse::<chrono_tz::Tz>().is_err()
-        {
-            push(
-                format!("spec.limits[{i}].timeZone"),
-                format!("{tz:?} is not an IANA time zone name"),
-            );
+        let scope = switchyard_core::quota::Scope::Route(String::new());
+        if let Err(reason) = limit.bucket(String::new(), scope) {
+            // The verdict's sentences start with the field they are about.
+            let field = ["period", "resetAt", "timeZone"]
+                .into_iter()
+                .find(|f| reason.starts_with(f));
+            let path = match field {
+                Some(f) => format!("spec.limits[{i}].{f}"),
+                None => format!("spec.limits[{i}]"),
+            };
+            push(path, reason);
         }
     }
 }

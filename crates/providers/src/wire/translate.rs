@@ -16,8 +16,13 @@
 //!   requires it) → `max_tokens`; `stop` → `stop_sequences`; `temperature` clamped to 0..=1
 //!   (Anthropic's range; OpenAI allows up to 2); `user` → `metadata.user_id`.
 //!
+//! `response_format` `json_schema` → Anthropic structured outputs (`output_format`), `text` →
+//! nothing (the default).
+//!
 //! Members with no counterpart are not silently lost: they are listed in
-//! [`Translated::dropped`] for the dispatcher to log, and content the target cannot express
+//! [`Translated::dropped`], and the dispatcher refuses the request with 400 naming them unless
+//! the route opts into lossy translation (then they are listed in the
+//! `x-switchyard-dropped-parameters` response header). Content the target cannot express
 //! at all (e.g. `n > 1`, audio parts, Anthropic server tools) is a [`TranslateError`] that
 //! the dispatcher answers with 400 rather than sending a different request.
 //!
@@ -89,6 +94,26 @@ pub fn openai_to_anthropic_request(
         return Err(TranslateError::Unsupported("n other than 1".into()));
     }
     let mut dropped: Vec<String> = req.extra.keys().cloned().collect();
+    // `response_format`: plain text is Anthropic's default; a JSON schema maps to Anthropic's
+    // structured outputs (`output_format: {type: json_schema, schema}`); `json_object` has no
+    // equivalent and stays in `dropped`.
+    let mut extra = Map::new();
+    if let Some(format) = req.extra.get("response_format") {
+        let kind = format.get("type").and_then(Value::as_str);
+        let schema = format.pointer("/json_schema/schema");
+        match (kind, schema) {
+            (Some("text"), _) => dropped.retain(|k| k != "response_format"),
+            (Some("json_schema"), Some(schema)) => {
+                extra.insert(
+                    "output_format".to_owned(),
+                    json!({"type": "json_schema", "schema": schema}),
+                );
+                dropped.retain(|k| k != "response_format");
+            }
+            _ => {}
+        }
+    }
+    dropped.sort();
     let max_tokens = req.output_cap().unwrap_or(opts.default_max_tokens);
     let mut system = Vec::new();
     let mut turns: Vec<anthropic::Message> = Vec::new();
@@ -224,7 +249,7 @@ pub fn openai_to_anthropic_request(
             tools,
             tool_choice,
             metadata: req.user.map(|u| json!({"user_id": u})),
-            extra: Map::new(),
+            extra,
         },
         dropped,
     })

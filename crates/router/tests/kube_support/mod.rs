@@ -457,7 +457,7 @@ pub(crate) fn declare(api: &FakeApi, name: &str, handle: &switchyard_mock::MockH
     api.apply("llmproviders", name, provider(name, &handle.base_url()));
 }
 
-/// Router options with fast resync and debounce for tests.
+/// Router options with fast resync and debounce for tests, keys required (the default).
 pub(crate) fn options(resync: Duration) -> Options {
     let mut o = Options::new(Some(NS.to_owned()), "127.0.0.1:0".parse().unwrap());
     o.resync = resync;
@@ -465,9 +465,13 @@ pub(crate) fn options(resync: Duration) -> Options {
     o
 }
 
-/// Starts a router on `endpoint` and waits until it is ready.
+/// Starts a router on `endpoint` and waits until it is ready. It serves requests without a
+/// key (`--allow-anonymous`): these tests are about the reflectors and the routing, and send
+/// no key; authentication has its own test with the default options.
 pub(crate) async fn router(endpoint: &Endpoint, resync: Duration) -> KubeRouter {
-    router_with(endpoint, options(resync)).await
+    let mut o = options(resync);
+    o.serve.allow_anonymous = true;
+    router_with(endpoint, o).await
 }
 
 /// Starts a router with `options` on `endpoint` and waits until it is ready.
