@@ -11,6 +11,7 @@ pub mod breaker;
 pub mod budget;
 pub mod chain;
 pub mod classify;
+pub mod dispatch;
 pub mod estimate;
 pub mod health;
 pub mod p2c;
