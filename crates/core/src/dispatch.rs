@@ -26,8 +26,9 @@
 //!    With `cache_hold`, the first attempt of a pinned project waits a short pause of its
 //!    chain's head out instead of spilling its prompt cache.
 //! 4. **Reservation refusals**: a provider-scope refusal skips to the next member; a tenant- or
-//!    route-scope refusal ends the walk and, if nothing was sent and the tenant has a queue,
-//!    queues ([`Action::Queue`]) unless time alone cannot make room before the queue deadline.
+//!    route-scope refusal ends the walk. When a tenant or route bucket refused, or every
+//!    provider did before anything was sent, and the tenant has a queue, the request queues
+//!    ([`Action::Queue`]) unless time alone cannot make room before the queue deadline.
 //! 5. **Outcomes** (steps 8–9): a failure pauses the provider's scopes (capacity and quota
 //!    answers pause every shared quota group), ends a probe, and [`next_attempt`] decides
 //!    between the next member, a same-provider retry after a wait, or giving up. A request
@@ -1027,8 +1028,16 @@ impl Dispatch {
 
     /// The walk ended without serving: queue, wait for a pause to end, or say why (step 9).
     fn walk_over(&mut self, now: Instant) -> Action {
-        // A bucket refused: the tenant's or route's (queue or reject, step 6).
-        if let Some(refusal) = self.walk.quota_refusal.take() {
+        // A bucket refused: the tenant's or route's, or every provider's before anything was
+        // sent (nobody has room): queue or reject (step 6).
+        let w = &mut self.walk;
+        let nothing_sent = w.last.is_none() && w.stop.is_none() && !w.deadline_passed;
+        let (refusal, provider_side) = match (w.quota_refusal.take(), w.provider_refusal.take()) {
+            (Some(r), _) => (Some(r), false),
+            (None, Some(r)) if nothing_sent => (Some(r), true),
+            (None, _) => (None, false),
+        };
+        if let Some(refusal) = refusal {
             if self.attempts == 0
                 && let Some(q) = self.req.queue
                 && refusal.wait != Wait::Never
@@ -1051,19 +1060,10 @@ impl Dispatch {
                     });
                 }
             }
-            let retry_after = refusal.retry_after();
-            return self.respond(Verdict::Quota {
-                refusal,
-                retry_after,
-                queue: None,
-            });
-        }
-        let w = &mut self.walk;
-        let nothing_sent = w.last.is_none() && w.stop.is_none() && !w.deadline_passed;
-        if nothing_sent && let Some(refusal) = w.provider_refusal.take() {
-            let retry_after = match (w.skipped_wait, refusal.retry_after()) {
-                (Some(pause), Some(wait)) => Some(wait.min(pause)),
-                (_, wait) => wait,
+            let retry_after = match (provider_side, self.walk.skipped_wait, refusal.retry_after()) {
+                // Another provider's pause may end before this bucket has room.
+                (true, Some(pause), Some(wait)) => Some(wait.min(pause)),
+                (_, _, wait) => wait,
             };
             return self.respond(Verdict::Quota {
                 refusal,
@@ -1071,6 +1071,7 @@ impl Dispatch {
                 queue: None,
             });
         }
+        let w = &mut self.walk;
         if nothing_sent && w.unpriced {
             return self.respond(Verdict::Unpriced);
         }

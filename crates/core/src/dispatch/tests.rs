@@ -874,3 +874,35 @@ fn polling_without_the_awaited_event_repeats_the_action() {
     assert!(matches!(served, Action::Served { member: 0, .. }));
     assert_eq!(d.poll(&mut f, T0, &mut rng), served);
 }
+
+#[test]
+fn every_provider_refusing_before_anything_was_sent_queues_like_a_tenant_refusal() {
+    let mut f = fleet(2);
+    let members: Vec<Member> = (0..2)
+        .map(|i| Member {
+            reservation: Reservation::Required,
+            ..member(i)
+        })
+        .collect();
+    let full = || {
+        refusal(
+            Scope::Provider("x".into()),
+            Wait::After(Duration::from_secs(1)),
+        )
+    };
+    let mut script = Script {
+        reserve: [Err(full()), Err(full())].into(),
+        ..Script::default()
+    };
+    let mut req = request("proj", T0, members);
+    req.queue = Some(QueueTerms {
+        deadline: Duration::from_secs(10),
+        join_first: false,
+    });
+    let trace = run(Policy::default(), &mut f, req, &mut script);
+    assert!(
+        trace.iter().any(|a| matches!(a, Action::Queue { .. })),
+        "{trace:?}"
+    );
+    assert!(matches!(trace.last(), Some(Action::Served { .. })));
+}
