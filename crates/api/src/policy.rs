@@ -140,6 +140,13 @@ pub struct AffinitySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub pin_duration: Option<String>,
+    /// How long the first attempt of a project with a live pin waits for the head of its
+    /// chain, the provider holding its prompt cache, while that provider is paused after a
+    /// rate limit, instead of spilling the whole context to a provider without the cache
+    /// (default `0s`: spill at once). Only pauses no longer than this are waited out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub cache_hold: Option<String>,
 }
 
 /// Availability-controller settings; decimal values are strings so the spec has no floats.
@@ -214,6 +221,13 @@ pub struct FallbackSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub first_token_timeout: Option<String>,
+    /// When every provider of the policy is paused (Retry-After, overload cooldown) or has its
+    /// circuit open, how long after arrival a request may wait for the earliest to come back
+    /// (default `0s`: answer 429 at once with that provider's Retry-After). Bounded by the
+    /// request deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub pause_wait: Option<String>,
 }
 
 /// Observed state of a RoutingPolicy.

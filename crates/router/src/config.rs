@@ -164,6 +164,9 @@ pub struct Route {
     /// Whether parameters without an equivalent in the provider's dialect are dropped (and
     /// listed in a response header) instead of refused (RoutingPolicy `lossyTranslation`).
     pub lossy_translation: bool,
+    /// The dispatch machine's settings, from the fields above plus `cacheHold` and
+    /// `pauseWait`.
+    pub dispatch: switchyard_core::dispatch::Policy,
     /// Metadata generation the config was built from.
     pub generation: Option<i64>,
 }
@@ -575,13 +578,33 @@ fn build_route(
         ServiceType::Chat | ServiceType::Transcription => Strategy::StickyChain,
         ServiceType::Embedding | ServiceType::Rerank => Strategy::PowerOfTwoChoices,
     });
-    let fallback_on = if fallback.on.is_empty() {
+    let fallback_on: Vec<ErrorClass> = if fallback.on.is_empty() {
         ErrorClass::ALL
             .into_iter()
             .filter(|c| c.retry_elsewhere())
             .collect()
     } else {
         fallback.on.iter().flat_map(|c| class_of(*c)).collect()
+    };
+    let max_attempts = fallback.max_attempts.unwrap_or(3).max(1);
+    let same_provider_retries = fallback.same_provider_retries.unwrap_or(0);
+    let deadline = duration::or(spec.deadline.as_deref(), Duration::from_secs(60));
+    let dispatch = switchyard_core::dispatch::Policy {
+        order: match strategy {
+            Strategy::StickyChain => switchyard_core::dispatch::Order::StickyChain,
+            Strategy::PowerOfTwoChoices => switchyard_core::dispatch::Order::PowerOfTwoChoices,
+        },
+        max_attempts,
+        fallback_on: fallback_on.iter().copied().collect(),
+        retry: switchyard_core::pause::RetryPolicy {
+            same_provider_retries,
+            ..switchyard_core::pause::RetryPolicy::default()
+        },
+        pause: switchyard_core::pause::PausePolicy::default(),
+        deadline,
+        cache_hold: Some(duration::or(affinity.cache_hold.as_deref(), Duration::ZERO))
+            .filter(|d| !d.is_zero()),
+        pause_wait: duration::or(fallback.pause_wait.as_deref(), Duration::ZERO),
     };
     Route {
         key: format!("{namespace}/{name}"),
@@ -600,8 +623,8 @@ fn build_route(
         interval: duration::or(availability.interval.as_deref(), Duration::from_secs(30)),
         controller,
         fallback_on,
-        max_attempts: fallback.max_attempts.unwrap_or(3).max(1),
-        same_provider_retries: fallback.same_provider_retries.unwrap_or(0),
+        max_attempts,
+        same_provider_retries,
         throttle: fallback.throttle_per_second.map(|rate| {
             (
                 f64::from(rate),
@@ -612,12 +635,13 @@ fn build_route(
             fallback.first_token_timeout.as_deref(),
             Duration::from_secs(30),
         ),
-        deadline: duration::or(spec.deadline.as_deref(), Duration::from_secs(60)),
+        deadline,
         default_max_tokens: spec.default_max_tokens.unwrap_or(4096),
         allowed_regions: spec.allowed_regions.clone(),
         buckets,
         limit_problems,
         lossy_translation: spec.lossy_translation.unwrap_or(false),
+        dispatch,
         generation: policy.metadata.generation,
     }
 }

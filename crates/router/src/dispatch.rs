@@ -22,15 +22,18 @@ use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use futures::{FutureExt, StreamExt};
 use serde_json::Value;
-use switchyard_api::policy::Strategy;
 use switchyard_api::provider::Modality;
-use switchyard_core::breaker::BreakerState;
+use switchyard_core::breaker::CircuitBreaker;
+use switchyard_core::budget::{FallbackThrottle, RetryBudget};
 use switchyard_core::classify::{
     Classification, ErrorClass, TransportFailure, classify_stream_error_at, classify_transport,
 };
-use switchyard_core::pause::{
-    Admission, AttemptContext, PausePolicy, RetryDecision, RetryPolicy, next_attempt,
+use switchyard_core::dispatch::{
+    Action, Count, Dispatch, Event, Failure, Fit, Fleet, Member, QueueTerms,
+    Request as DispatchRequest, Reservation, Settled, Stop, Verdict, settle,
 };
+use switchyard_core::p2c::P2c;
+use switchyard_core::pause::Pauses;
 use switchyard_core::queue::QueueReason;
 use switchyard_core::quota::{Dimension, RateFigures, Refusal, Scope, Wait};
 use switchyard_store::Ticket;
@@ -319,17 +322,12 @@ enum Attempt {
     Failed(Failure),
 }
 
-/// A failed attempt: its classification and, for request errors, what to show the client.
-struct Failure {
-    classification: Classification,
-    status: Option<StatusCode>,
-}
-
 /// Bookkeeping of one upstream attempt; finishing it records the outcome exactly once, and
 /// dropping it unfinished (client went away) records a cancellation.
 struct AttemptGuard {
     app: Arc<App>,
     live: Arc<Live>,
+    route: usize,
     provider: usize,
     started: tokio::time::Instant,
     done: bool,
@@ -406,10 +404,16 @@ impl Reserved {
 }
 
 impl AttemptGuard {
-    fn start(app: &Arc<App>, live: &Arc<Live>, provider: usize, quota: Option<Reserved>) -> Self {
+    /// Starts the bookkeeping of an attempt the machine sent (its p2c start is the machine's).
+    fn start(
+        app: &Arc<App>,
+        live: &Arc<Live>,
+        route: usize,
+        provider: usize,
+        quota: Option<Reserved>,
+    ) -> Self {
         let state = &live.providers[provider];
         state.counters.in_flight.fetch_add(1, Ordering::Relaxed);
-        lock(&live.p2c).on_start(provider, app.clock.now());
         app.metrics
             .in_flight
             .get_or_create(&label(&live.table.providers[provider]))
@@ -417,6 +421,7 @@ impl AttemptGuard {
         AttemptGuard {
             app: app.clone(),
             live: live.clone(),
+            route,
             provider,
             started: tokio::time::Instant::now(),
             done: false,
@@ -427,6 +432,17 @@ impl AttemptGuard {
 
     fn state(&self) -> &ProviderState {
         &self.live.providers[self.provider]
+    }
+
+    /// The machine's [`settle`]: breaker, p2c score and window counts for this attempt's end.
+    fn settle(&self, end: Settled) {
+        let mut fleet = RouterFleet {
+            app: &self.app,
+            live: &self.live,
+            route: self.route,
+        };
+        let now = self.app.clock.now();
+        settle(&mut fleet, self.provider, end, now, self.started.elapsed());
     }
 
     fn config(&self) -> &ProviderConfig {
@@ -450,14 +466,8 @@ impl AttemptGuard {
         if let Some(q) = self.quota.take() {
             q.settle_success(&self.app, usage);
         }
-        let now = self.app.clock.now();
         let elapsed = self.started.elapsed();
-        self.state()
-            .counters
-            .successes
-            .fetch_add(1, Ordering::Relaxed);
-        lock(&self.state().breaker).on_success(now);
-        lock(&self.live.p2c).on_finish(self.provider, now, elapsed, true);
+        self.settle(Settled::Success);
         let provider = label(self.config());
         self.app
             .metrics
@@ -497,30 +507,7 @@ impl AttemptGuard {
                 None => q.settle_unused(&self.app),
             }
         }
-        let now = self.app.clock.now();
-        self.state().counters.error(class);
-        if class.is_provider_side() {
-            let opened = {
-                let mut breaker = lock(&self.state().breaker);
-                let was_open = matches!(breaker.state(now), BreakerState::Open { .. });
-                breaker.on_failure(now);
-                match breaker.state(now) {
-                    BreakerState::Open { until } if !was_open => Some(until),
-                    _ => None,
-                }
-            };
-            if let Some(until) = opened {
-                crate::signals::publish_breaker_open(&self.app, &self.config().key, until);
-            }
-        } else {
-            lock(&self.state().breaker).on_cancel(now);
-        }
-        lock(&self.live.p2c).on_finish(
-            self.provider,
-            now,
-            self.started.elapsed(),
-            !class.is_provider_side(),
-        );
+        self.settle(Settled::Failure(class));
         self.app
             .metrics
             .attempts
@@ -543,13 +530,7 @@ impl Drop for AttemptGuard {
                 .unwrap_or_else(|| NormalizedUsage::estimated(q.estimated_input.max(1), 0));
             q.settle_abandoned(&self.app, &used);
         }
-        let now = self.app.clock.now();
-        self.state()
-            .counters
-            .cancelled
-            .fetch_add(1, Ordering::Relaxed);
-        lock(&self.state().breaker).on_cancel(now);
-        lock(&self.live.p2c).on_cancel(self.provider, now);
+        self.settle(Settled::Cancelled);
         self.app
             .metrics
             .attempts
@@ -603,69 +584,9 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
     let dialect = req.op.dialect();
     let request_id = req.request_id.clone();
     let start = app.clock.now();
-    let mut queued = false;
-    let mut queue_deadline: Option<switchyard_core::time::Instant> = None;
-    let mut result = match &req.tenant {
-        // Others are already waiting: take a turn behind them rather than the capacity they
-        // wait for (fair shares hold only if newcomers cannot jump the queue).
-        Some(tenant) if tenant.queue.max_depth > 0 && app.broker.has_waiting() => {
-            queued = true;
-            let deadline = (start + route.deadline).min(start + tenant.queue.deadline);
-            queue_deadline = Some(deadline);
-            let cost = req.estimated_input_tokens + req.output_allowance;
-            match wait_in_queue(&app, tenant, cost, deadline, None).await {
-                Ok(()) => {
-                    run(&app, &live, route_index, &route, &req, start)
-                        .instrument(span.clone())
-                        .await
-                }
-                Err(reason) => Err((queue_error(reason, tenant), None, 0)),
-            }
-        }
-        _ => {
-            run(&app, &live, route_index, &route, &req, start)
-                .instrument(span.clone())
-                .await
-        }
-    };
-    // Nobody had room: wait in the tenant's queue when it has one, then try again (step 6).
-    while let (Err((error, _, 0)), Some(tenant)) = (&result, &req.tenant) {
-        let Some(refusal) = error.quota.as_ref() else {
-            break;
-        };
-        if refusal.wait == Wait::Never || tenant.queue.max_depth == 0 {
-            break;
-        }
-        // The queue's deadline runs from the first time the request queued, however often it
-        // is woken and finds no room again.
-        let deadline = *queue_deadline.get_or_insert_with(|| {
-            (start + route.deadline).min(app.clock.now() + tenant.queue.deadline)
-        });
-        // Time alone cannot make room before the deadline: answer now, not at the deadline.
-        if let Wait::After(d) = refusal.wait
-            && app.clock.now() + d > deadline
-        {
-            break;
-        }
-        let cost = req.estimated_input_tokens + req.output_allowance;
-        queued = true;
-        let refill = refusal.retry_after();
-        match wait_in_queue(&app, tenant, cost, deadline, refill).await {
-            Ok(()) => {
-                result = run(&app, &live, route_index, &route, &req, start)
-                    .instrument(span.clone())
-                    .await;
-            }
-            Err(reason) => {
-                let code = reason.code();
-                if let Err((error, _, _)) = &mut result {
-                    error.message = format!("{} (queue: {code})", error.message);
-                    error.code = code.to_owned();
-                }
-                break;
-            }
-        }
-    }
+    let (result, queued) = execute(&app, &live, route_index, &route, &req, start)
+        .instrument(span.clone())
+        .await;
     let decision = match &result {
         Err((e, _, _)) if e.quota.is_some() || e.code.starts_with("queue_") => Some(e.code.clone()),
         _ if queued => Some("admitted_after_queue".to_owned()),
@@ -752,229 +673,236 @@ async fn wait_in_queue(
 }
 
 /// The error of a request refused by its queue before any reservation was tried.
-fn queue_error(reason: QueueReason, tenant: &Tenant) -> ApiError {
+fn queue_error(reason: QueueReason, tenant: Option<&Tenant>) -> ApiError {
+    let class = tenant.map_or_else(|| "tenant".to_owned(), |t| t.class.to_string());
     let mut e = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
         reason.code(),
-        format!(
-            "no capacity became free for this request while it waited in the {} queue",
-            tenant.class
-        ),
+        format!("no capacity became free for this request while it waited in the {class} queue"),
     );
     e.retry_after = Some(Duration::from_secs(1));
     e
 }
 
-/// The attempt loop.
-async fn run(
-    app: &Arc<App>,
-    live: &Arc<Live>,
-    route_index: usize,
+/// The router's shared state as the dispatch machine reaches it, for one route of one table:
+/// pinned chains and weights of the route, pauses, breakers, p2c and the retry budget of the
+/// router, the route's fallback throttle, the providers' outcome counters.
+struct RouterFleet<'a> {
+    app: &'a Arc<App>,
+    live: &'a Live,
+    route: usize,
+}
+
+impl Fleet for RouterFleet<'_> {
+    fn chain(&mut self, project: &str, now: switchyard_core::time::Instant) -> Vec<usize> {
+        let route = &self.live.table.routes[self.route];
+        let state = &self.live.routes[self.route];
+        let weights = state.weights.load();
+        let names: Vec<&str> = route.provider_names.iter().map(String::as_str).collect();
+        lock(&state.pins).chain(project, &names, &weights, now)
+    }
+
+    fn pinned(&mut self, project: &str, now: switchyard_core::time::Instant) -> bool {
+        lock(&self.live.routes[self.route].pins)
+            .peek(project, now)
+            .is_some()
+    }
+
+    fn move_to_front(
+        &mut self,
+        project: &str,
+        member: usize,
+        now: switchyard_core::time::Instant,
+    ) -> bool {
+        let mut pins = lock(&self.live.routes[self.route].pins);
+        if pins.peek(project, now).and_then(|c| c.first()) == Some(&member) {
+            return false;
+        }
+        pins.move_to_front(project, member, now)
+    }
+
+    fn pauses<R>(&mut self, provider: usize, f: impl FnOnce(&mut Pauses, &[&str]) -> R) -> R {
+        let p = &self.live.table.providers[provider];
+        let scopes: Vec<&str> = p.pause_scopes.iter().map(String::as_str).collect();
+        f(&mut lock(&self.app.runtime.pauses), &scopes)
+    }
+
+    fn breaker<R>(&mut self, provider: usize, f: impl FnOnce(&mut CircuitBreaker) -> R) -> R {
+        f(&mut lock(&self.live.providers[provider].breaker))
+    }
+
+    fn p2c<R>(&mut self, f: impl FnOnce(&mut P2c) -> R) -> R {
+        f(&mut lock(&self.live.p2c))
+    }
+
+    fn retry_budget<R>(&mut self, f: impl FnOnce(&mut RetryBudget) -> R) -> Option<R> {
+        Some(f(&mut lock(&self.app.runtime.budget)))
+    }
+
+    fn fallback_throttle<R>(&mut self, f: impl FnOnce(&mut FallbackThrottle) -> R) -> Option<R> {
+        self.live.routes[self.route]
+            .throttle
+            .as_ref()
+            .map(|t| f(&mut lock(t)))
+    }
+
+    fn count(&mut self, provider: usize, event: Count) {
+        self.live.providers[provider].counters.count(event);
+    }
+
+    fn paused(&mut self, scope: &str, until: switchyard_core::time::Instant) {
+        // Every replica honours it, not just this one (field case 8).
+        crate::signals::publish_pause(self.app, scope, until);
+    }
+
+    fn breaker_opened(&mut self, provider: usize, until: switchyard_core::time::Instant) {
+        let key = &self.live.table.providers[provider].key;
+        crate::signals::publish_breaker_open(self.app, key, until);
+    }
+}
+
+/// The request's facts about each route member, for the dispatch machine (step 4, static
+/// part): whether the provider may serve it (region allow-lists of route and tenant, declared
+/// modalities, operation), its probe health, and what reserving there involves.
+fn members(
+    app: &App,
+    live: &Live,
     route: &Route,
     req: &ClientRequest,
     start: switchyard_core::time::Instant,
-) -> RunResult {
-    let clock = app.clock;
-    let deadline = start + route.deadline;
-    let route_state = live.routes[route_index].clone();
-    let tenant_regions: Vec<String> = req
+) -> Vec<Member> {
+    let tenant_restricts = req
         .tenant
         .as_ref()
-        .map(|t| {
-            // Only regions every tenant allow-list (own and ancestors') agrees on.
+        .is_some_and(|t| !t.allowed_regions.is_empty());
+    let tenant_regions: Vec<String> = match &req.tenant {
+        // Only regions every tenant allow-list (own and ancestors') agrees on.
+        Some(t) if tenant_restricts => {
             let mut lists = t.allowed_regions.iter();
             let first = lists.next().cloned().unwrap_or_default();
             lists.fold(first, |acc, l| {
                 acc.into_iter().filter(|r| l.contains(r)).collect()
             })
-        })
-        .unwrap_or_default();
-    let tenant_restricts = req
-        .tenant
-        .as_ref()
-        .is_some_and(|t| !t.allowed_regions.is_empty());
-
-    // Candidates: providers that may serve this request at all (step 4, static part).
-    let mut region_excluded = false;
-    let candidates: Vec<usize> = route
+        }
+        _ => Vec::new(),
+    };
+    let health = &app.runtime.health;
+    let has_spend = |b: &[Arc<switchyard_core::quota::BucketSpec>]| {
+        b.iter().any(|b| b.dimension == Dimension::SpendMicroUsd)
+    };
+    let tenant_buckets = req.tenant.as_ref().map_or(&[][..], |t| &t.buckets[..]);
+    route
         .providers
         .iter()
-        .enumerate()
-        .filter(|(_, rp)| {
+        .map(|rp| {
             let p = &live.table.providers[rp.index];
-            if rp.ineligible.is_some() {
-                region_excluded |= !p.within_regions(&route.allowed_regions);
-                return false;
-            }
-            if tenant_restricts && !p.within_regions(&tenant_regions) {
-                region_excluded = true;
-                return false;
-            }
-            // A model that declares its modalities serves only those (DESIGN §4.8: requests are
-            // filtered by their own modality); one that declares none is not filtered.
-            if !rp.modalities.is_empty()
+            let fit = if rp.ineligible.is_some() {
+                if p.within_regions(&route.allowed_regions) {
+                    Fit::Unsuitable
+                } else {
+                    Fit::OutsideRegions
+                }
+            } else if tenant_restricts && !p.within_regions(&tenant_regions) {
+                Fit::OutsideRegions
+            } else if !rp.modalities.is_empty()
                 && !req.modalities.iter().all(|m| rp.modalities.contains(m))
             {
-                return false;
-            }
-            p.kind(&rp.upstream_model)
+                // A model that declares its modalities serves only those (DESIGN §4.8); one
+                // that declares none is not filtered.
+                Fit::Unsuitable
+            } else if p
+                .kind(&rp.upstream_model)
                 .and_then(|k| operation(req.op, k))
                 .is_some_and(|op| {
                     p.client
                         .as_ref()
                         .is_ok_and(|c| c.serves(op, &rp.upstream_model))
                 })
-        })
-        .map(|(pos, _)| pos)
-        .collect();
-    // Active-probe health for the request's modalities (DESIGN §4.8): a provider freshly
-    // probed Unhealthy for one of them is left out, unless that would leave nobody (fail-open;
-    // unknown or stale health never blocks).
-    let candidates = app.runtime.health.prefer_admitted(
-        candidates,
-        |&pos| {
-            live.table.providers[route.providers[pos].index]
-                .key
-                .as_str()
-        },
-        &req.modalities,
-        start,
-    );
-    if candidates.is_empty() {
-        let (code, message) = if region_excluded {
-            (
-                "region_unavailable",
-                "no provider of this model may serve requests within the allowed regions"
-                    .to_owned(),
-            )
-        } else {
-            (
-                "no_provider",
-                format!("no provider of route {} can serve this request", route.key),
-            )
-        };
-        return Err((ApiError::new(StatusCode::FORBIDDEN, code, message), None, 0));
-    }
-
-    // Order (step 5).
-    let now = clock.now();
-    let order: Vec<usize> = match route.strategy {
-        Strategy::StickyChain => {
-            let weights = route_state.weights.load();
-            let names: Vec<&str> = route.provider_names.iter().map(String::as_str).collect();
-            let chain = lock(&route_state.pins).chain(&req.project, &names, &weights, now);
-            chain
-                .into_iter()
-                .filter(|pos| candidates.contains(pos))
-                .collect()
-        }
-        Strategy::PowerOfTwoChoices => {
-            let eligible: Vec<usize> = candidates
-                .iter()
-                .map(|&pos| route.providers[pos].index)
-                .filter(|&i| {
-                    !paused(app, live, i, now)
-                        && !matches!(
-                            lock(&live.providers[i].breaker).state(now),
-                            switchyard_core::breaker::BreakerState::Open { .. }
-                        )
-                })
-                .collect();
-            let picked = lock(&live.p2c).pick(&eligible, now, &mut rand::rng());
-            let mut order: Vec<usize> = Vec::with_capacity(candidates.len());
-            if let Some(i) = picked
-                && let Some(pos) = candidates
-                    .iter()
-                    .copied()
-                    .find(|&pos| route.providers[pos].index == i)
             {
-                order.push(pos);
-            }
-            let rest: Vec<usize> = candidates
-                .iter()
-                .copied()
-                .filter(|pos| !order.contains(pos))
-                .collect();
-            order.extend(rest);
-            order
-        }
-    };
-    let first_choice = order.first().copied();
-
-    let retry_policy = RetryPolicy {
-        same_provider_retries: route.same_provider_retries,
-        ..RetryPolicy::default()
-    };
-    let pause_policy = PausePolicy::default();
-    let mut attempts: u32 = 0;
-    let mut last: Option<Failure> = None;
-    let mut last_provider: Option<String> = None;
-    let mut give_up_hint: Option<Duration> = None;
-    let mut skipped_wait: Option<Duration> = None;
-    let mut consecutive_failures: u32 = 0;
-    let mut stop_reason: Option<&'static str> = None;
-    let mut provider_refusal: Option<Box<Refusal>> = None;
-    let mut quota_refusal: Option<Box<Refusal>> = None;
-    let mut caller_figures: Option<RateFigures> = None;
-    let mut unpriced = false;
-
-    'providers: for (n, &pos) in order.iter().enumerate() {
-        let rp = &route.providers[pos];
-        let provider = live.table.providers[rp.index].clone();
-        let state = live.providers[rp.index].clone();
-        let scopes: Vec<&str> = provider.pause_scopes.iter().map(String::as_str).collect();
-        let mut same_used: u32 = 0;
-        loop {
-            let now = clock.now();
-            if now >= deadline {
-                stop_reason = Some("deadline");
-                break 'providers;
-            }
-            // After a pause ends, exactly one request probes the scope (field case 2).
-            let admission = lock(&app.runtime.pauses).admit(&scopes, now);
-            if let Admission::Paused { until } = admission {
-                let wait = until.saturating_since(now);
-                skipped_wait = Some(skipped_wait.map_or(wait, |w| w.min(wait)));
-                continue 'providers;
-            }
-            if attempts >= route.max_attempts {
-                stop_reason = Some("max_attempts");
-                break 'providers;
-            }
-            if !lock(&state.breaker).try_acquire(now) {
-                continue 'providers;
-            }
-            // Reserve (step 6): the tenant's, the route's and this provider's buckets, all or
-            // none. A provider without room is skipped without sending; a tenant or route
-            // without room stops the request (it may queue).
-            let reserved = if req.tenant.as_ref().is_none_or(|t| t.buckets.is_empty())
-                && route.buckets.is_empty()
-                && provider.buckets.is_empty()
-            {
-                None
+                Fit::Serves
             } else {
-                let priced = provider.models.get(&route.model).and_then(|m| m.pricing);
-                let pricing = priced.unwrap_or_default();
-                let buckets = Broker::buckets(req.tenant.as_deref(), route, &provider);
-                if priced.is_none()
-                    && buckets
-                        .iter()
-                        .any(|b| b.dimension == Dimension::SpendMicroUsd)
-                {
-                    // A spend limit cannot be kept on a model without prices: never send.
-                    lock(&state.breaker).on_cancel(clock.now());
-                    unpriced = true;
-                    continue 'providers;
-                }
-                let window = provider
-                    .models
-                    .get(&route.model)
-                    .and_then(|m| m.context_window);
+                Fit::Unsuitable
+            };
+            // Active-probe health for the request's modalities (DESIGN §4.8); unknown or
+            // stale health admits, and the machine fails open when nobody is admitted.
+            let healthy = health.is_empty() || health.admits_all(&p.key, &req.modalities, start);
+            let reservation = if tenant_buckets.is_empty()
+                && route.buckets.is_empty()
+                && p.buckets.is_empty()
+            {
+                Reservation::None
+            } else if p.models.get(&route.model).and_then(|m| m.pricing).is_none()
+                && (has_spend(tenant_buckets) || has_spend(&route.buckets) || has_spend(&p.buckets))
+            {
+                Reservation::UnpricedSpend
+            } else {
+                Reservation::Required
+            };
+            Member {
+                provider: rp.index,
+                fit,
+                healthy,
+                reservation,
+            }
+        })
+        .collect()
+}
+
+/// The executor: drives the request's [`Dispatch`] machine, doing what it asks — reserve in
+/// the store, send through the adapter, sleep, wait in the tenant's queue — and reporting each
+/// result back. Returns the response or error, and whether the request queued.
+async fn execute(
+    app: &Arc<App>,
+    live: &Arc<Live>,
+    route_index: usize,
+    route: &Arc<Route>,
+    req: &ClientRequest,
+    start: switchyard_core::time::Instant,
+) -> (RunResult, bool) {
+    let clock = app.clock;
+    let queue = req
+        .tenant
+        .as_ref()
+        .filter(|t| t.queue.max_depth > 0)
+        .map(|t| QueueTerms {
+            deadline: t.queue.deadline,
+            join_first: app.broker.has_waiting(),
+        });
+    let mut machine = Dispatch::new(
+        route.dispatch,
+        DispatchRequest {
+            project: req.project.clone(),
+            start,
+            members: members(app, live, route, req, start),
+            queue,
+        },
+    );
+    let mut fleet = RouterFleet {
+        app,
+        live,
+        route: route_index,
+    };
+    let mut reserved: Option<Reserved> = None;
+    let mut caller_figures: Option<RateFigures> = None;
+    let mut served: Option<Response> = None;
+    let provider_key = |pos: Option<usize>| {
+        pos.map(|pos| live.table.providers[route.providers[pos].index].key.clone())
+    };
+    loop {
+        // The thread's generator is borrowed for the call only: the future stays `Send`.
+        let action = machine.poll(&mut fleet, clock.now(), &mut rand::rng());
+        match action {
+            Action::Reserve { member } => {
+                let provider = &live.table.providers[route.providers[member].index];
+                let model = provider.models.get(&route.model);
+                let pricing = model.and_then(|m| m.pricing).unwrap_or_default();
+                let buckets = Broker::buckets(req.tenant.as_deref(), route, provider);
+                let window = model.and_then(|m| m.context_window);
                 let output =
                     broker::output_budget(req, u64::from(route.default_max_tokens), window);
                 let demand =
                     broker::demand(req.estimated_input_tokens, output.reserve, Some(pricing));
-                match app.broker.reserve(&buckets, demand, route.deadline).await {
+                let result = match app.broker.reserve(&buckets, demand, route.deadline).await {
                     Ok(ticket) => {
                         // The caller's own tightest bucket after this debit, for the success
                         // headers; shared (route, provider) buckets say nothing about the caller.
@@ -982,202 +910,172 @@ async fn run(
                             let b = buckets.get(pos)?;
                             matches!(b.scope, Scope::Tenant(_) | Scope::ApiKey(_)).then_some(f)
                         });
-                        Some(Reserved {
+                        reserved = Some(Reserved {
                             ticket,
                             pricing,
                             estimated_input: req.estimated_input_tokens,
                             tenant: req.tenant.as_ref().map(|t| t.key.clone()),
                             estimate: req.estimate,
-                            route: live.table.routes[route_index].clone(),
-                        })
+                            route: route.clone(),
+                        });
+                        Ok(())
                     }
                     Err(refusal) => {
-                        lock(&state.breaker).on_cancel(clock.now());
                         if refusal.scope.is_provider_side() {
                             tracing::debug!(provider = %provider.key, bucket = %refusal.key, "provider has no room; skipped");
-                            let shorter = provider_refusal
-                                .as_ref()
-                                .is_none_or(|r| wait_key(refusal.wait) < wait_key(r.wait));
-                            if shorter {
-                                provider_refusal = Some(refusal);
-                            }
-                            continue 'providers;
                         }
-                        quota_refusal = Some(refusal);
-                        break 'providers;
+                        Err(refusal)
                     }
-                }
-            };
-            // Spill-over below the first choice is throttled whether the providers above were
-            // tried and failed or skipped as paused or open (field case 2): an outage of the
-            // primary must not topple the next one.
-            let spill = Some(pos) != first_choice && same_used == 0;
-            if spill
-                && let Some(throttle) = &route_state.throttle
-                && !lock(throttle).try_acquire(now)
-            {
-                lock(&state.breaker).on_cancel(now);
-                stop_reason = Some("fallback_throttled");
-                break 'providers;
+                };
+                machine.handle(&mut fleet, Event::Reserved(result));
             }
-            if attempts == 0 {
-                lock(&app.runtime.budget).record_attempt(now);
-            } else {
-                if !lock(&app.runtime.budget).try_withdraw(now) {
-                    lock(&state.breaker).on_cancel(now);
-                    stop_reason = Some("retry_budget_exhausted");
-                    break 'providers;
-                }
-                app.metrics
-                    .retries
-                    .get_or_create(&crate::metrics::RouteLabel {
-                        route: route.key.clone(),
-                    })
-                    .inc();
-            }
-            attempts += 1;
-            last_provider = Some(provider.key.clone());
-            let attempt_span =
-                tracing::debug_span!("attempt", provider = %provider.key, n = attempts);
-            // A non-streamed answer shows nothing until it is complete, so a hung provider
-            // is only noticed by a timeout. While another provider could still be tried, one
-            // attempt may use at most half of the time left, leaving the rest for a fallback.
-            let now = clock.now();
-            let remaining = deadline.saturating_since(now);
-            let fallback_possible = attempts < route.max_attempts
-                && unpaused_after(app, live, route, &order[n + 1..], now);
-            let attempt_deadline = if fallback_possible {
-                now + remaining / 2
-            } else {
-                deadline
-            };
-            let result = attempt(
-                app,
-                live,
-                route,
-                rp.index,
-                &rp.upstream_model,
-                req,
-                AttemptDeadlines {
-                    attempt: attempt_deadline,
-                    request: deadline,
-                },
-                reserved,
-            )
-            .instrument(attempt_span)
-            .await;
-            match result {
-                Attempt::Served(mut response) => {
-                    if let Some(f) = &caller_figures {
-                        ratelimit_headers(response.headers_mut(), f);
-                    }
-                    if admission == Admission::Probe {
-                        lock(&app.runtime.pauses).probe_succeeded(&scopes);
-                    }
-                    if Some(pos) != first_choice {
-                        let label = crate::metrics::RouteLabel {
+            Action::Send {
+                member,
+                attempt_deadline,
+                deadline,
+                retry,
+            } => {
+                if retry {
+                    app.metrics
+                        .retries
+                        .get_or_create(&crate::metrics::RouteLabel {
                             route: route.key.clone(),
-                        };
-                        app.metrics.fallbacks.get_or_create(&label).inc();
-                        if route.strategy == Strategy::StickyChain
-                            && lock(&route_state.pins).move_to_front(&req.project, pos, clock.now())
-                        {
-                            app.metrics.affinity_breaks.get_or_create(&label).inc();
-                        }
-                    }
-                    return Ok((response, provider.key.clone(), attempts));
+                        })
+                        .inc();
                 }
-                Attempt::Failed(failure)
-                    if failure.classification.class == ErrorClass::Deadline =>
-                {
-                    // The request's own deadline passed during the attempt: nothing more can
-                    // be tried.
-                    last = Some(failure);
-                    stop_reason = Some("deadline");
-                    break 'providers;
+                let rp = &route.providers[member];
+                let key = &live.table.providers[rp.index].key;
+                let attempt_span =
+                    tracing::debug_span!("attempt", provider = %key, n = machine.attempts());
+                let result = attempt(
+                    app,
+                    live,
+                    route_index,
+                    route,
+                    rp.index,
+                    &rp.upstream_model,
+                    req,
+                    AttemptDeadlines {
+                        attempt: attempt_deadline,
+                        request: deadline,
+                    },
+                    reserved.take(),
+                )
+                .instrument(attempt_span)
+                .await;
+                let finished = match result {
+                    Attempt::Served(response) => {
+                        served = Some(response);
+                        Ok(())
+                    }
+                    Attempt::Failed(failure) => {
+                        let c = &failure.classification;
+                        if c.class != ErrorClass::Deadline {
+                            tracing::info!(provider = %key, class = %c.class, code = c.code.as_deref().unwrap_or(""), "attempt failed");
+                        }
+                        Err(failure)
+                    }
+                };
+                machine.handle(&mut fleet, Event::Finished(finished));
+            }
+            Action::Wait { until } => {
+                tokio::time::sleep_until(clock.to_tokio(until)).await;
+                machine.handle(&mut fleet, Event::Woke);
+            }
+            Action::Queue {
+                deadline,
+                refill_after,
+            } => {
+                let turn = match req.tenant.as_deref() {
+                    Some(tenant) => {
+                        let cost = req.estimated_input_tokens + req.output_allowance;
+                        wait_in_queue(app, tenant, cost, deadline, refill_after).await
+                    }
+                    None => Err(QueueReason::UnknownClass),
+                };
+                machine.handle(&mut fleet, Event::Queue(turn));
+            }
+            Action::Served {
+                member,
+                fallback,
+                affinity_break,
+            } => {
+                let label = crate::metrics::RouteLabel {
+                    route: route.key.clone(),
+                };
+                if fallback {
+                    app.metrics.fallbacks.get_or_create(&label).inc();
                 }
-                Attempt::Failed(failure) => {
-                    let c = &failure.classification;
-                    let now = clock.now();
-                    tracing::info!(provider = %provider.key, class = %c.class, code = c.code.as_deref().unwrap_or(""), "attempt failed");
-                    consecutive_failures += 1;
-                    if let Some(pause) = pause_policy.scope_pause(c, &mut rand::rng()) {
-                        let mut pauses = lock(&app.runtime.pauses);
-                        // Capacity and exhaustion answers speak for the whole upstream quota:
-                        // pause the provider and every quota group it shares (field case 2).
-                        let shared = matches!(c.class, ErrorClass::Capacity | ErrorClass::Policy);
-                        for scope in scopes.iter().take(if shared { scopes.len() } else { 1 }) {
-                            let until = pauses.pause(scope, pause, now, c.class);
-                            // Every replica honours it, not just this one (field case 8).
-                            crate::signals::publish_pause(app, scope, until);
-                        }
-                    } else if admission == Admission::Probe {
-                        // The provider answered without asking for a pause: the probe is over.
-                        lock(&app.runtime.pauses).probe_succeeded(&scopes);
-                    }
-                    if c.class == ErrorClass::Request || !route.fallback_on.contains(&c.class) {
-                        return Err((client_error(&failure), Some(provider.key.clone()), attempts));
-                    }
-                    let next_available = unpaused_after(app, live, route, &order[n + 1..], now);
-                    let ctx = AttemptContext {
-                        now,
-                        deadline,
-                        same_provider_retries_used: same_used,
-                        consecutive_failures,
-                        next_provider_available: next_available,
-                        scope_paused_until: lock(&app.runtime.pauses).paused_until(&scopes, now),
-                    };
-                    let decision = next_attempt(&retry_policy, c, &ctx, &mut rand::rng());
-                    last = Some(failure);
-                    match decision {
-                        RetryDecision::NextProvider => continue 'providers,
-                        RetryDecision::SameProviderAfter(wait) => {
-                            same_used += 1;
-                            tokio::time::sleep(wait).await;
-                            // Our own pause on this scope has run out by now (wait covers it).
-                            continue;
-                        }
-                        RetryDecision::GiveUp { retry_after } => {
-                            give_up_hint = retry_after;
-                            break 'providers;
-                        }
-                    }
+                if affinity_break {
+                    app.metrics.affinity_breaks.get_or_create(&label).inc();
                 }
+                let Some(mut response) = served.take() else {
+                    let e = ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        "served without a response",
+                    );
+                    return (Err((e, None, machine.attempts())), machine.queued());
+                };
+                if let Some(f) = &caller_figures {
+                    ratelimit_headers(response.headers_mut(), f);
+                }
+                let key = provider_key(Some(member)).unwrap_or_default();
+                return (Ok((response, key, machine.attempts())), machine.queued());
+            }
+            Action::Respond(verdict) => {
+                let error = verdict_error(verdict, route, req.tenant.as_deref());
+                let last = provider_key(machine.last_member());
+                return (Err((error, last, machine.attempts())), machine.queued());
             }
         }
     }
+}
 
-    // A bucket refused: the tenant's or route's, or every provider's before anything was
-    // sent (nobody has room: queue or reject, step 6).
-    if let Some(refusal) = quota_refusal {
-        return Err((ApiError::quota(refusal), last_provider, attempts));
-    }
-    if last.is_none()
-        && stop_reason.is_none()
-        && let Some(refusal) = provider_refusal
-    {
-        let mut e = ApiError::quota(refusal);
-        if let (Some(pause), Some(wait)) = (skipped_wait, e.retry_after) {
-            e.retry_after = Some(wait.min(pause));
+/// The client-facing error for a [`Verdict`] (step 9), in dialect-neutral form.
+fn verdict_error(verdict: Verdict, route: &Route, tenant: Option<&Tenant>) -> ApiError {
+    match verdict {
+        Verdict::NoProvider { region_excluded } => {
+            let (code, message) = if region_excluded {
+                (
+                    "region_unavailable",
+                    "no provider of this model may serve requests within the allowed regions"
+                        .to_owned(),
+                )
+            } else {
+                (
+                    "no_provider",
+                    format!("no provider of route {} can serve this request", route.key),
+                )
+            };
+            ApiError::new(StatusCode::FORBIDDEN, code, message)
         }
-        return Err((e, last_provider, attempts));
-    }
-
-    if unpriced && last.is_none() && stop_reason.is_none() {
-        let e = ApiError::new(
+        Verdict::Quota {
+            refusal,
+            retry_after,
+            queue,
+        } => {
+            let mut e = ApiError::quota(refusal);
+            if retry_after.is_some() {
+                e.retry_after = retry_after;
+            }
+            if let Some(reason) = queue {
+                let code = reason.code();
+                e.message = format!("{} (queue: {code})", e.message);
+                e.code = code.to_owned();
+            }
+            e
+        }
+        Verdict::QueueExpired { reason } => queue_error(reason, tenant),
+        Verdict::Unpriced => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "spend_limit_unpriced",
             format!(
                 "a spend limit applies to this request but no provider of route {} has list prices for the model; add pricing to the LLMProvider's models",
                 route.key
             ),
-        );
-        return Err((e, last_provider, attempts));
-    }
-
-    // Nothing served: explain why, in the client's dialect (step 9).
-    let error = match (&last, stop_reason) {
-        (_, Some("deadline")) => {
+        ),
+        Verdict::Deadline { retry_after } => {
             let mut e = ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "deadline_exceeded",
@@ -1186,82 +1084,55 @@ async fn run(
                     route.deadline
                 ),
             );
-            e.retry_after = give_up_hint.or(skipped_wait);
+            e.retry_after = retry_after;
             e
         }
-        (Some(failure), _) => {
-            let mut e = exhausted_error(&failure.classification, region_excluded);
-            e.retry_after = give_up_hint
-                .or(failure.classification.retry_after)
-                .or(skipped_wait)
-                .or(e.retry_after);
-            if let Some(reason @ ("retry_budget_exhausted" | "fallback_throttled")) = stop_reason {
-                e.message = format!("{} (further attempts refused: {reason})", e.message);
+        Verdict::Rejected(failure) => client_error(&failure),
+        Verdict::Exhausted {
+            last,
+            region_excluded,
+            retry_after,
+            stop,
+        } => {
+            let mut e = exhausted_error(&last.classification, region_excluded);
+            e.retry_after = retry_after.or(e.retry_after);
+            if let Some(stop @ (Stop::RetryBudget | Stop::FallbackThrottled)) = stop {
+                e.message = format!("{} (further attempts refused: {})", e.message, stop.code());
             }
             e
         }
-        (None, _) if region_excluded => {
-            exhausted_error(&Classification::new(ErrorClass::Overload), true)
-        }
-        (None, Some("fallback_throttled")) => {
+        Verdict::FallbackThrottled { retry_after } => {
             // The providers above are paused or open and spill-over is at its throttle.
             let mut e = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "fallback_throttled",
                 "the preferred providers are unavailable and spill-over to the others is at its configured rate",
             );
-            e.retry_after = Some(skipped_wait.unwrap_or(Duration::from_secs(1)));
+            e.retry_after = Some(retry_after);
             e
         }
-        (None, _) => {
+        Verdict::Unavailable {
+            region_excluded: true,
+            ..
+        } => exhausted_error(&Classification::new(ErrorClass::Overload), true),
+        Verdict::Unavailable { retry_after, .. } => {
             // Every candidate was paused or had its circuit open: nothing was sent.
             let mut e = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "providers_unavailable",
                 "every provider of this route is paused after rate limiting or has its circuit open",
             );
-            if let Some(wait) = skipped_wait {
-                e = ApiError {
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                    code: "provider_capacity".to_owned(),
-                    ..e
-                };
-                e.retry_after = Some(wait);
-            } else {
-                e.retry_after = Some(Duration::from_secs(1));
+            match retry_after {
+                Some(wait) => {
+                    e.status = StatusCode::TOO_MANY_REQUESTS;
+                    e.code = "provider_capacity".to_owned();
+                    e.retry_after = Some(wait);
+                }
+                None => e.retry_after = Some(Duration::from_secs(1)),
             }
             e
         }
-    };
-    Err((error, last_provider, attempts))
-}
-
-/// Orders waits from soonest to never: a slot release, then a known wait, then never.
-fn wait_key(w: Wait) -> (u8, Duration) {
-    match w {
-        Wait::OnRelease => (0, Duration::ZERO),
-        Wait::After(d) => (1, d),
-        Wait::Never => (2, Duration::MAX),
     }
-}
-
-/// Whether any provider at these chain positions is not paused right now.
-fn unpaused_after(
-    app: &App,
-    live: &Live,
-    route: &Route,
-    positions: &[usize],
-    now: switchyard_core::time::Instant,
-) -> bool {
-    positions
-        .iter()
-        .any(|&p| !paused(app, live, route.providers[p].index, now))
-}
-
-fn paused(app: &App, live: &Live, provider: usize, now: switchyard_core::time::Instant) -> bool {
-    let p = &live.table.providers[provider];
-    let scopes: Vec<&str> = p.pause_scopes.iter().map(String::as_str).collect();
-    lock(&app.runtime.pauses).is_paused(&scopes, now)
 }
 
 /// The error shown when every attempt failed, by the class of the last failure.
@@ -1317,10 +1188,13 @@ fn exhausted_error(c: &Classification, region_excluded: bool) -> ApiError {
 /// the provider gave it, in the client's dialect.
 fn client_error(f: &Failure) -> ApiError {
     let c = &f.classification;
-    let status = f.status.unwrap_or(match c.class {
-        ErrorClass::Request => StatusCode::BAD_REQUEST,
-        _ => StatusCode::BAD_GATEWAY,
-    });
+    let status = f
+        .status
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(match c.class {
+            ErrorClass::Request => StatusCode::BAD_REQUEST,
+            _ => StatusCode::BAD_GATEWAY,
+        });
     let code = c
         .code
         .clone()
@@ -1435,6 +1309,7 @@ fn unix_now(app: &App) -> u64 {
 async fn attempt(
     app: &Arc<App>,
     live: &Arc<Live>,
+    route_index: usize,
     route: &Route,
     provider_index: usize,
     model: &str,
@@ -1444,26 +1319,15 @@ async fn attempt(
 ) -> Attempt {
     let deadline = deadlines.request;
     let provider = &live.table.providers[provider_index];
-    // Nothing is sent on the early exits below: the reservation is credited back in full.
-    let unsent = |quota: Option<Reserved>| {
-        if let Some(q) = quota {
-            app.broker.cancel(q.ticket);
-        }
-    };
+    // Every attempt the machine sent is settled exactly once, also when nothing leaves (the
+    // reservation is then credited back in full).
+    let guard = AttemptGuard::start(app, live, route_index, provider_index, quota);
     let Ok(client) = provider.client.as_ref() else {
-        unsent(quota);
-        return Attempt::Failed(Failure {
-            classification: Classification::new(ErrorClass::Auth),
-            status: None,
-        });
+        return fail(guard, Classification::new(ErrorClass::Auth));
     };
     let kind = client.kind(model);
     let Some(op) = operation(req.op, kind).filter(|&op| client.serves(op, model)) else {
-        unsent(quota);
-        return Attempt::Failed(Failure {
-            classification: Classification::new(ErrorClass::Request),
-            status: None,
-        });
+        return fail(guard, Classification::new(ErrorClass::Request));
     };
     let window = provider
         .models
@@ -1473,18 +1337,17 @@ async fn attempt(
     let body = match upstream_body(req, kind, model, route, cap) {
         Ok(b) => b,
         Err(e) => {
-            unsent(quota);
+            guard.fail(ErrorClass::Request);
             return Attempt::Failed(Failure {
                 classification: Classification {
                     message: Some(e.message),
                     code: Some(e.code),
                     ..Classification::new(ErrorClass::Request)
                 },
-                status: Some(e.status),
+                status: Some(e.status.as_u16()),
             });
         }
     };
-    let guard = AttemptGuard::start(app, live, provider_index, quota);
     let now = app.clock.now();
     let remaining = deadline.saturating_since(now);
     let streaming = req.stream && matches!(req.op, ClientOp::Chat | ClientOp::Messages);
@@ -1543,7 +1406,7 @@ async fn attempt(
         let class = c.class;
         let failure = Failure {
             classification: c,
-            status: Some(status),
+            status: Some(status.as_u16()),
         };
         guard.fail(class);
         return Attempt::Failed(failure);

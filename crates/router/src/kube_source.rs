@@ -596,8 +596,8 @@ async fn apply_loop(shared: Arc<Shared>) {
 #[derive(Debug, Clone)]
 enum Object {
     Provider(Box<LLMProvider>),
-    Policy(RoutingPolicy),
-    Tenant(TenantQuota),
+    Policy(Box<RoutingPolicy>),
+    Tenant(Box<TenantQuota>),
 }
 
 impl Object {
@@ -821,8 +821,16 @@ impl Applier {
         let mut set: BTreeMap<String, Object> = providers
             .iter()
             .map(|o| Object::Provider(Box::new(o.as_ref().clone())))
-            .chain(policies.iter().map(|o| Object::Policy(o.as_ref().clone())))
-            .chain(tenants.iter().map(|o| Object::Tenant(o.as_ref().clone())))
+            .chain(
+                policies
+                    .iter()
+                    .map(|o| Object::Policy(Box::new(o.as_ref().clone()))),
+            )
+            .chain(
+                tenants
+                    .iter()
+                    .map(|o| Object::Tenant(Box::new(o.as_ref().clone()))),
+            )
             .map(|o| (o.id(), o))
             .collect();
         let current: BTreeSet<String> = set.keys().cloned().collect();
@@ -877,8 +885,8 @@ impl Applier {
         for o in set.into_values() {
             match o {
                 Object::Provider(p) => manifests.providers.push(*p),
-                Object::Policy(p) => manifests.policies.push(p),
-                Object::Tenant(t) => manifests.tenants.push(t),
+                Object::Policy(p) => manifests.policies.push(*p),
+                Object::Tenant(t) => manifests.tenants.push(*t),
             }
         }
         // Referenced Secrets, resolved into memory; and each provider's Secret version.

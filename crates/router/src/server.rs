@@ -82,6 +82,10 @@ impl App {
         store: switchyard_store::QuotaStore,
         serve: ServeOptions,
     ) -> Arc<App> {
+        *crate::state::lock(&runtime.pauses) = switchyard_core::pause::Pauses::with_probe(
+            switchyard_core::pause::DEFAULT_PROBE_TIMEOUT,
+            serve.probe_gate,
+        );
         let metrics = Metrics::new();
         metrics
             .anonymous_access
@@ -133,6 +137,11 @@ pub struct ServeOptions {
     /// Client connections served at once; more wait in the kernel's listen backlog.
     /// Default [`DEFAULT_MAX_CONNECTIONS`].
     pub max_connections: usize,
+    /// How long after a pause ends the single-probe gate stays armed (`--probe-gate`): the
+    /// first request to a scope whose pause ended less than this ago is its only probe until
+    /// it answers (field case 2). Zero disables the gate. Default
+    /// [`switchyard_core::pause::DEFAULT_PROBE_GATE`] (60 s).
+    pub probe_gate: Duration,
 }
 
 /// Default [`ServeOptions::header_read_timeout`]: 10 s, ample for any client on a working
@@ -152,6 +161,7 @@ impl Default for ServeOptions {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            probe_gate: switchyard_core::pause::DEFAULT_PROBE_GATE,
         }
     }
 }

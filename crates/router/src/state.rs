@@ -17,6 +17,7 @@ use switchyard_core::breaker::CircuitBreaker;
 use switchyard_core::budget::{FallbackThrottle, RetryBudget};
 use switchyard_core::chain::ChainPins;
 use switchyard_core::classify::ErrorClass;
+use switchyard_core::dispatch::{Count, Tally, window_counts};
 use switchyard_core::p2c::{P2c, P2cConfig};
 use switchyard_core::pause::Pauses;
 use switchyard_core::time::Instant;
@@ -39,6 +40,11 @@ pub struct OutcomeCounters {
     pub errors: [AtomicU64; 9],
     /// Attempts ended because the client went away (not the provider's fault).
     pub cancelled: AtomicU64,
+    /// Requests that skipped the provider while it was paused (Retry-After, cooldown, a probe
+    /// in flight).
+    pub skipped_paused: AtomicU64,
+    /// Requests that skipped the provider while its circuit was open.
+    pub skipped_open: AtomicU64,
     /// Attempts in flight.
     pub in_flight: AtomicI64,
 }
@@ -53,7 +59,7 @@ impl OutcomeCounters {
         self.errors[i].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Errors of provider-side classes (what the availability controller counts).
+    /// Errors of provider-side classes.
     pub fn provider_errors(&self) -> u64 {
         ErrorClass::ALL
             .iter()
@@ -61,6 +67,44 @@ impl OutcomeCounters {
             .filter(|(c, _)| c.is_provider_side())
             .map(|(_, n)| n.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// The cumulative counts as the dispatch machine's [`Tally`].
+    pub fn tally(&self) -> Tally {
+        let all: u64 = self.errors.iter().map(|n| n.load(Ordering::Relaxed)).sum();
+        let provider_errors = self.provider_errors();
+        Tally {
+            successes: self.successes.load(Ordering::Relaxed),
+            provider_errors,
+            other_errors: all.saturating_sub(provider_errors),
+            cancelled: self.cancelled.load(Ordering::Relaxed),
+            skipped_paused: self.skipped_paused.load(Ordering::Relaxed),
+            skipped_open: self.skipped_open.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts one outcome event of the dispatch machine.
+    pub fn count(&self, event: Count) {
+        let counter = match event {
+            Count::Success => &self.successes,
+            Count::Error(class) => return self.error(class),
+            Count::Cancelled => &self.cancelled,
+            Count::SkippedPaused => &self.skipped_paused,
+            Count::SkippedOpen => &self.skipped_open,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `b - a` per field (cumulative counters; a counter that went down counts from zero).
+fn tally_since(b: Tally, a: Tally) -> Tally {
+    Tally {
+        successes: b.successes.saturating_sub(a.successes),
+        provider_errors: b.provider_errors.saturating_sub(a.provider_errors),
+        other_errors: b.other_errors.saturating_sub(a.other_errors),
+        cancelled: b.cancelled.saturating_sub(a.cancelled),
+        skipped_paused: b.skipped_paused.saturating_sub(a.skipped_paused),
+        skipped_open: b.skipped_open.saturating_sub(a.skipped_open),
     }
 }
 
@@ -82,7 +126,7 @@ pub struct ProviderState {
     pub counters: OutcomeCounters,
     /// Circuit breaker (per router replica).
     pub breaker: Mutex<CircuitBreaker>,
-    controller: Mutex<(AvailabilityController, u64, u64, Window)>,
+    controller: Mutex<(AvailabilityController, Tally, Window)>,
     availability_bits: AtomicU64,
 }
 
@@ -93,8 +137,7 @@ impl ProviderState {
             breaker: Mutex::new(breaker),
             controller: Mutex::new((
                 AvailabilityController::new(controller),
-                0,
-                0,
+                Tally::default(),
                 Window::default(),
             )),
             availability_bits: AtomicU64::new(1.0f64.to_bits()),
@@ -120,26 +163,23 @@ impl ProviderState {
 
     /// The last completed window.
     pub fn last_window(&self) -> Window {
-        lock(&self.controller).3
+        lock(&self.controller).2
     }
 
     /// Closes a controller window: takes the counter deltas since the last call and steps the
     /// controller (DESIGN §4.1). Returns the new availability.
     pub fn step(&self, cfg: &ControllerConfig) -> f64 {
-        let successes = self.counters.successes.load(Ordering::Relaxed);
-        let errors = self.counters.provider_errors();
+        let now = self.counters.tally();
         let mut guard = lock(&self.controller);
-        let (controller, last_s, last_e, window) = &mut *guard;
+        let (controller, last, window) = &mut *guard;
         if controller.config() != cfg {
             *controller =
                 AvailabilityController::with_availability(cfg.clone(), controller.availability());
         }
-        let counts = switchyard_core::availability::WindowCounts {
-            successes: successes.saturating_sub(*last_s),
-            provider_errors: errors.saturating_sub(*last_e),
-        };
-        *last_s = successes;
-        *last_e = errors;
+        // Skips of a paused or open provider count as the simulator measured them
+        // (`window_counts`): the same rule on both sides of the equivalence.
+        let counts = window_counts(&tally_since(now, *last), true, cfg.target_error_rate);
+        *last = now;
         let report = controller.step(counts);
         *window = Window {
             successes: counts.successes,

@@ -24,6 +24,9 @@ use crate::metrics::{Acc, FailureCounts, IntervalRow, RunResult, RunSummary, per
 use crate::model::{AttemptInput, Outcome, ProviderState, hash, unit};
 use crate::scenario::{Scenario, Traffic};
 use crate::strategy::{Pick, Strategy, StrategyKind};
+use crate::switchyard::{Switchyard, outcome_of, waited_out};
+use switchyard_core::dispatch::{Action, Dispatch, Event, settle};
+use switchyard_core::queue::QueueReason;
 
 const NO_SESSION: u32 = u32::MAX;
 
@@ -75,6 +78,8 @@ struct Req {
     sent: Duration,
     uncached: u64,
     cached: u64,
+    /// The request's dispatch machine (`switchyard` runs only).
+    machine: Option<Box<Dispatch>>,
 }
 
 fn us(d: Duration) -> u64 {
@@ -88,7 +93,9 @@ fn instant(t: Duration) -> Instant {
 pub(crate) struct Engine<'a> {
     sc: &'a Scenario,
     kind: StrategyKind,
-    strategy: Box<dyn Strategy + 'a>,
+    /// The baseline's strategy, or `None` for `switchyard`, which runs `router`.
+    strategy: Option<Box<dyn Strategy + 'a>>,
+    router: Option<Switchyard>,
     now: Duration,
     seq: u64,
     heap: BinaryHeap<Reverse<(u64, u64, Ev)>>,
@@ -120,12 +127,13 @@ impl<'a> Engine<'a> {
     pub(crate) fn new(
         sc: &'a Scenario,
         kind: StrategyKind,
-        strategy: Box<dyn Strategy + 'a>,
+        strategy: Option<Box<dyn Strategy + 'a>>,
     ) -> Self {
         let n = sc.providers.len();
         Self {
             sc,
             kind,
+            router: strategy.is_none().then(|| Switchyard::new(sc)),
             strategy,
             now: Duration::ZERO,
             seq: 0,
@@ -182,10 +190,23 @@ impl<'a> Engine<'a> {
                 Ev::Turn(s) => self.turn(s),
                 Ev::FirstByte(r) => {
                     let p = self.reqs[r as usize].provider;
-                    self.strategy.on_first_byte(p, instant(self.now));
+                    if let (Some(router), Some(m)) =
+                        (self.router.as_mut(), self.reqs[r as usize].machine.as_mut())
+                    {
+                        m.handle(&mut router.fleet, Event::FirstByte);
+                    } else if let Some(strategy) = self.strategy.as_mut() {
+                        strategy.on_first_byte(p, instant(self.now));
+                    }
                 }
                 Ev::AttemptDone(r) => self.attempt_done(r),
-                Ev::Resume(r) => self.dispatch(r),
+                Ev::Resume(r) => {
+                    if let (Some(router), Some(m)) =
+                        (self.router.as_mut(), self.reqs[r as usize].machine.as_mut())
+                    {
+                        m.handle(&mut router.fleet, Event::Woke);
+                    }
+                    self.dispatch(r);
+                }
             }
         }
         let mut s = self.totals;
@@ -202,12 +223,20 @@ impl<'a> Engine<'a> {
     }
 
     fn tick(&mut self) {
-        self.strategy.tick(instant(self.now));
-        let row = self.acc.take_row(
-            self.interval_start,
-            self.strategy.availability(),
-            self.strategy.weights(),
-        );
+        let (availability, weights) = match (&mut self.router, &mut self.strategy) {
+            (Some(router), _) => {
+                router.tick();
+                (router.availability(), router.weights())
+            }
+            (None, Some(strategy)) => {
+                strategy.tick(instant(self.now));
+                (strategy.availability(), strategy.weights())
+            }
+            (None, None) => (None, None),
+        };
+        let row = self
+            .acc
+            .take_row(self.interval_start, availability, weights);
         self.rows.push(row);
         self.interval_start = self.now;
         self.push(self.now + self.sc.interval, Ev::Tick);
@@ -276,6 +305,10 @@ impl<'a> Engine<'a> {
             sent: self.now,
             uncached: 0,
             cached: 0,
+            machine: self
+                .router
+                .as_ref()
+                .map(|router| Box::new(router.request(project, instant(self.now)))),
         };
         match self.free.pop() {
             Some(i) => {
@@ -298,35 +331,73 @@ impl<'a> Engine<'a> {
     }
 
     fn dispatch(&mut self, r: u32) {
+        if self.router.is_some() {
+            return self.drive(r);
+        }
         let now_i = instant(self.now);
         let req = &self.reqs[r as usize];
-        if req.attempts >= self.strategy.max_attempts() {
+        let Some(strategy) = self.strategy.as_mut() else {
+            return;
+        };
+        if req.attempts >= strategy.max_attempts() {
             self.fail(r, Failure::AttemptsExhausted);
             return;
         }
-        let pick = self
-            .strategy
-            .pick(req.project, req.tried, now_i, &mut self.srng);
+        let pick = strategy.pick(req.project, req.tried, now_i, &mut self.srng);
         match pick {
-            Pick::Send(p) => self.send(r, p),
-            Pick::WaitUntil(t) => {
-                let limit = self
-                    .sc
-                    .switchyard
-                    .max_queue_wait
-                    .map_or(self.now, |w| req.start + w);
-                let at = t.since_origin().max(self.now + Duration::from_millis(1));
-                if at <= limit {
-                    self.push(at, Ev::Resume(r));
-                } else {
-                    self.fail(r, Failure::QueueTimeout);
-                }
-            }
+            Pick::Send(p) => self.send(r, p, self.sc.request_timeout),
             Pick::GiveUp => self.fail(r, Failure::NoCandidate),
         }
     }
 
-    fn send(&mut self, r: u32, p: usize) {
+    /// Runs the request's dispatch machine until it sends, waits or answers.
+    fn drive(&mut self, r: u32) {
+        let now = instant(self.now);
+        let (Some(router), Some(m)) =
+            (self.router.as_mut(), self.reqs[r as usize].machine.as_mut())
+        else {
+            return;
+        };
+        let action = loop {
+            match m.poll(&mut router.fleet, now, &mut self.srng) {
+                // Simulated providers keep their own limits and no tenant has a queue.
+                Action::Reserve { .. } => m.handle(&mut router.fleet, Event::Reserved(Ok(()))),
+                Action::Queue { .. } => m.handle(
+                    &mut router.fleet,
+                    Event::Queue(Err(QueueReason::QueueDeadline)),
+                ),
+                action => break action,
+            }
+        };
+        match action {
+            Action::Send {
+                member,
+                attempt_deadline,
+                ..
+            } => {
+                let timeout = self
+                    .sc
+                    .request_timeout
+                    .min(attempt_deadline.saturating_since(now));
+                self.send(r, member, timeout);
+            }
+            Action::Wait { until } => {
+                self.push(until.since_origin().max(self.now), Ev::Resume(r));
+            }
+            Action::Served { .. } => self.finish(r, true),
+            Action::Respond(verdict) => {
+                let why = match waited_out(&verdict) {
+                    None => Failure::AttemptsExhausted,
+                    Some(true) => Failure::QueueTimeout,
+                    Some(false) => Failure::NoCandidate,
+                };
+                self.fail(r, why);
+            }
+            Action::Reserve { .. } | Action::Queue { .. } => {}
+        }
+    }
+
+    fn send(&mut self, r: u32, p: usize, timeout: Duration) {
         let sc = self.sc;
         let spec = &sc.providers[p];
         let now = self.now;
@@ -353,7 +424,7 @@ impl<'a> Engine<'a> {
         let (outcome, latency, first_byte) = self.providers[p].attempt(
             spec,
             now,
-            sc.request_timeout,
+            timeout,
             AttemptInput {
                 uncached,
                 cached,
@@ -369,7 +440,9 @@ impl<'a> Engine<'a> {
         req.uncached = uncached;
         req.cached = cached;
         self.providers[p].in_flight += 1;
-        self.strategy.on_start(p, instant(now));
+        if let Some(strategy) = self.strategy.as_mut() {
+            strategy.on_start(p, instant(now));
+        }
         self.acc.prov[p].attempts += 1;
         self.totals.attempts += 1;
         if outcome == Outcome::Ok {
@@ -384,12 +457,23 @@ impl<'a> Engine<'a> {
         let (p, outcome) = (req.provider, req.outcome);
         let latency = self.now.saturating_sub(req.sent);
         self.providers[p].in_flight = self.providers[p].in_flight.saturating_sub(1);
-        self.strategy
-            .on_finish(p, instant(self.now), latency, outcome);
+        if let (Some(router), Some(m)) =
+            (self.router.as_mut(), self.reqs[r as usize].machine.as_mut())
+        {
+            let (end, finished) = outcome_of(outcome);
+            settle(&mut router.fleet, p, end, instant(self.now), latency);
+            m.handle(&mut router.fleet, Event::Finished(finished));
+        } else if let Some(strategy) = self.strategy.as_mut() {
+            strategy.on_finish(p, instant(self.now), latency, outcome);
+        }
         match outcome {
             Outcome::Ok => {
                 self.acc.prov[p].served += 1;
-                self.finish(r, true);
+                if self.router.is_some() {
+                    self.drive(r);
+                } else {
+                    self.finish(r, true);
+                }
             }
             Outcome::RateLimited { .. } => {
                 self.acc.prov[p].rate_limited += 1;
@@ -429,8 +513,9 @@ impl<'a> Engine<'a> {
             self.acc.input += req.uncached + req.cached;
             self.totals.uncached_tokens += req.uncached;
             self.totals.input_tokens += req.uncached + req.cached;
-            self.strategy
-                .on_served(req.project, req.provider, instant(now));
+            if let Some(strategy) = self.strategy.as_mut() {
+                strategy.on_served(req.project, req.provider, instant(now));
+            }
         } else {
             self.acc.client_errors += 1;
             self.totals.client_errors += 1;

@@ -218,29 +218,37 @@ pub struct SwitchyardSettings {
     /// or an error rate above target (an outage); right after a recovery one stale skip at low
     /// volume would otherwise read as a 50 % error rate.
     pub skips_count_as_errors: bool,
-    /// Simulator proposal, not in DESIGN: when the head of a project's chain (the provider
+    /// RoutingPolicy `affinity.cacheHold`: when the head of a project's chain (the provider
     /// holding its prompt cache) is paused for at most this long, the first attempt waits for
-    /// it instead of spilling down the chain. `None` (default) = spill at once, as DESIGN §3.
+    /// it instead of spilling down the chain. `None` or `0s` (the router's default) = spill at
+    /// once, as DESIGN §3.
     #[serde(deserialize_with = "de_opt_duration")]
     pub cache_hold: Option<Duration>,
-    /// How long after a pause ends the core's single-probe gate stays armed (`Pauses::admit`,
-    /// field case 2); `None` keeps the core default (60 s), `0s` disables the gate.
-    #[serde(deserialize_with = "de_opt_duration")]
-    pub probe_gate: Option<Duration>,
+    /// The router's `--probe-gate`: how long after a pause ends the single-probe gate stays
+    /// armed (`Pauses::admit`, field case 2); default 60 s, `0s` disables the gate.
+    #[serde(deserialize_with = "de_duration")]
+    pub probe_gate: Duration,
     /// Availability-controller overrides; unset fields keep `ControllerConfig::default()`.
     pub controller: ControllerOverrides,
     /// Router-wide retry budget: retries ≤ ratio × first attempts over 10 s, plus
-    /// `retry_budget_floor_per_sec` (default 0.2 and 10/s; `None` disables the budget).
+    /// `retry_budget_floor_per_sec` (default 0.2 and 5/s, the router's; `None` disables the budget).
     pub retry_budget_ratio: Option<f64>,
     /// See `retry_budget_ratio`.
     pub retry_budget_floor_per_sec: u32,
     /// Fallback throttle on retries that spill to another provider, per second (burst 2 s
     /// worth); `None` (default) disables it.
     pub fallback_throttle_per_sec: Option<f64>,
-    /// Longest a request waits for a paused provider to come back when every candidate is
-    /// paused or open (the queue of DESIGN §3 step 6); after that it fails.
-    #[serde(deserialize_with = "de_opt_duration")]
-    pub max_queue_wait: Option<Duration>,
+    /// RoutingPolicy `fallback.pauseWait`: how long after arrival a request whose every
+    /// candidate is paused or open may wait for the earliest to come back (default `0s`, the
+    /// router's: answer at once).
+    #[serde(deserialize_with = "de_duration")]
+    pub pause_wait: Duration,
+    /// RoutingPolicy `deadline` (default 60 s): the request deadline, of which one attempt
+    /// gets half of what is left while a fallback is possible.
+    #[serde(deserialize_with = "de_duration")]
+    pub deadline: Duration,
+    /// RoutingPolicy `fallback.sameProviderRetries` (default 0).
+    pub same_provider_retries: u32,
 }
 
 impl Default for SwitchyardSettings {
@@ -251,12 +259,14 @@ impl Default for SwitchyardSettings {
             pin_refresh_on_hit: true,
             skips_count_as_errors: true,
             cache_hold: None,
-            probe_gate: None,
+            probe_gate: switchyard_core::pause::DEFAULT_PROBE_GATE,
             controller: ControllerOverrides::default(),
             retry_budget_ratio: Some(0.2),
-            retry_budget_floor_per_sec: 10,
+            retry_budget_floor_per_sec: 5,
             fallback_throttle_per_sec: None,
-            max_queue_wait: Some(Duration::from_secs(30)),
+            pause_wait: Duration::ZERO,
+            deadline: Duration::from_secs(60),
+            same_provider_retries: 0,
         }
     }
 }

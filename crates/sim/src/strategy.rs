@@ -66,8 +66,6 @@ impl fmt::Display for StrategyKind {
 pub(crate) enum Pick {
     /// Send to this provider index.
     Send(usize),
-    /// Every remaining candidate is paused or open; nothing can be sent before this time.
-    WaitUntil(Instant),
     /// No candidate left: the request fails.
     GiveUp,
 }

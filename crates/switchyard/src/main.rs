@@ -306,6 +306,10 @@ struct ServeArgs {
     /// Client connections served at once; further clients wait in the listen backlog.
     #[arg(long, env = "SWITCHYARD_MAX_CONNECTIONS", default_value_t = switchyard_router::server::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// How long after a provider's pause ends its first request is the only probe until it
+    /// answers (field case 2); `0s` turns the gate off.
+    #[arg(long, env = "SWITCHYARD_PROBE_GATE", default_value = "60s", value_parser = parse_duration)]
+    probe_gate: std::time::Duration,
 }
 
 impl ServeArgs {
@@ -315,6 +319,7 @@ impl ServeArgs {
             header_read_timeout: self.header_read_timeout,
             body_read_timeout: self.body_read_timeout,
             max_connections: self.max_connections,
+            probe_gate: self.probe_gate,
         }
     }
 }
