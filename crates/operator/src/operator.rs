@@ -28,7 +28,7 @@ use crate::control::ControlState;
 use crate::error::Error;
 use crate::leader::Leadership;
 use crate::metrics::{Metrics, ProviderLabel, ReplicaLabel, StateLabel};
-use crate::outcomes::{Collected, Collector, Targets, discover};
+use crate::outcomes::{Checkpoints, Collected, Collector, Targets, discover};
 use crate::probes::Probes;
 use crate::status::{
     availability_of, degraded_flag, key_of, needs_write, policy_status, provider_status,
@@ -544,7 +544,10 @@ impl Operator {
                 Vec::new()
             }
         };
-        let collected = self.collector.lock().await.collect(&addresses, now).await;
+        let providers = self.stores.providers.state();
+        let checkpoints = checkpoints(&providers);
+        let mut collector = self.collector.lock().await;
+        let collected = collector.collect(&addresses, &checkpoints).await;
         for address in collected.unreachable.keys() {
             self.metrics
                 .scrape_failures
@@ -567,9 +570,15 @@ impl Operator {
                 state: "unreachable".to_owned(),
             })
             .set(unreachable);
-        let providers = self.stores.providers.state();
         let policies = self.stores.policies.state();
-        lock(&self.control).step(&providers, &policies, &collected.providers, now);
+        lock(&self.control).step(
+            &providers,
+            &policies,
+            &collected.providers,
+            |key| collector.counted(key),
+            now,
+        );
+        drop(collector);
         self.metrics.ticks.inc();
         let verdicts = self.verdicts();
         for p in &providers {
@@ -601,6 +610,22 @@ impl Operator {
         report.collected = collected;
         report
     }
+}
+
+/// The `status.counted` of every provider, by provider key and replica name.
+fn checkpoints(providers: &[Arc<LLMProvider>]) -> Checkpoints {
+    providers
+        .iter()
+        .filter_map(|p| {
+            let status = p.status.as_ref()?;
+            let by_replica = status
+                .counted
+                .iter()
+                .map(|c| (c.replica.clone(), c.clone()))
+                .collect();
+            Some((key_of(&**p), by_replica))
+        })
+        .collect()
 }
 
 fn names<K: Resource>(o: &K) -> (String, String) {
