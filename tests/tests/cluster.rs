@@ -30,7 +30,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchyard_mock::{MockConfig, MockProvider};
+use switchyard_mock::{MockConfig, MockHandle, MockProvider};
 
 /// What to do with the cluster test.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -470,4 +470,580 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
         Some(&objects),
     );
     mock.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario tests (issue 15): each in its own namespace, cleaned up by a drop guard also when it
+// fails, run one at a time (one of them stops the API server).
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs cluster scenarios one at a time (a failed one must not block the others).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The kubeconfig when the cluster tests run; `None` (with a note) when they are skipped;
+/// panics when `SWITCHYARD_REQUIRE_CLUSTER=1` and no cluster answers.
+fn cluster(test: &str) -> Option<String> {
+    let kubeconfig = std::env::var("KUBECONFIG").ok();
+    let require = std::env::var("SWITCHYARD_REQUIRE_CLUSTER").ok();
+    match gate(kubeconfig.as_deref(), require.as_deref(), probe_cluster) {
+        Gate::Run => kubeconfig,
+        Gate::Skip(why) => {
+            eprintln!("skipping {test}: {why}");
+            None
+        }
+        Gate::Fail(why) => panic!("{why}"),
+    }
+}
+
+/// `../shared/kapi` beside the repository, or `SWITCHYARD_KAPI_DIR`.
+fn kapi_dir() -> PathBuf {
+    std::env::var_os("SWITCHYARD_KAPI_DIR")
+        .map_or_else(|| repo().join("../shared/kapi"), PathBuf::from)
+}
+
+fn apply_crds() {
+    kubectl_ok(
+        &["apply", "-f", repo().join("crds").to_str().unwrap()],
+        None,
+    );
+    for crd in ["llmproviders", "routingpolicies", "tenantquotas"] {
+        kubectl_ok(
+            &[
+                "wait",
+                "--for=condition=established",
+                "--timeout=60s",
+                &format!("crd/{crd}.switchyard.dev"),
+            ],
+            None,
+        );
+    }
+}
+
+const SCENARIO_KEY: &str = "sk-scenario-1";
+
+/// One namespace with a mock-backed provider `e2e-mock`, policy `e2e-chat` (interval 3 s) and a
+/// tenant whose key is in Secret `e2e-keys`; everything in it is deleted on drop.
+struct Scenario {
+    ns: String,
+    dir: tempfile::TempDir,
+    kubeconfig: String,
+    _mock: MockHandle,
+}
+
+impl Scenario {
+    async fn new(tag: &str, kubeconfig: &str) -> Scenario {
+        apply_crds();
+        let ns = format!("sy-{tag}-{}", std::process::id());
+        let scenario_ns = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n");
+        kubectl_ok(&["apply", "-f", "-"], Some(&scenario_ns));
+        let mock = MockProvider::start(MockConfig {
+            name: "e2e-mock".to_owned(),
+            ..MockConfig::default()
+        })
+        .await
+        .unwrap();
+        let s = Scenario {
+            ns,
+            dir: tempfile::tempdir().unwrap(),
+            kubeconfig: kubeconfig.to_owned(),
+            _mock: mock,
+        };
+        let ns = &s.ns;
+        let objects = format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: e2e-mock-creds, namespace: {ns}}}\nstringData: {{api-key: placeholder}}\n\
+             ---\napiVersion: v1\nkind: Secret\nmetadata: {{name: e2e-keys, namespace: {ns}}}\nstringData: {{default: {SCENARIO_KEY}}}\n\
+             ---\napiVersion: switchyard.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: e2e-mock, namespace: {ns}}}\nspec:\n  api: openai\n  endpoint: {}\n  region: us-east-1\n  credentials: {{secretRef: {{name: e2e-mock-creds, key: api-key}}}}\n  models:\n    - {{name: e2e-chat}}\n\
+             ---\napiVersion: switchyard.dev/v1alpha1\nkind: RoutingPolicy\nmetadata: {{name: e2e-chat, namespace: {ns}}}\nspec:\n  model: e2e-chat\n  serviceType: chat\n  providers: [{{name: e2e-mock}}]\n  availability: {{interval: {INTERVAL_SECS}s}}\n\
+             ---\napiVersion: switchyard.dev/v1alpha1\nkind: TenantQuota\nmetadata: {{name: e2e-tenant, namespace: {ns}}}\nspec:\n  apiKeys: [{{name: default, secretRef: {{name: e2e-keys, key: default}}}}]\n",
+            s._mock.base_url()
+        );
+        kubectl_ok(&["apply", "-f", "-"], Some(&objects));
+        s
+    }
+
+    fn get(&self, kind: &str, name: &str) -> Value {
+        let out = kubectl_ok(&["get", kind, name, "-n", &self.ns, "-o", "json"], None);
+        serde_json::from_str(&out).unwrap()
+    }
+
+    fn router(&self, port: u16, kubeconfig: &str) -> Proc {
+        Proc::spawn(
+            "router",
+            &[
+                "router".into(),
+                format!("--namespace={}", self.ns),
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--listen=127.0.0.1:{port}"),
+            ],
+            self.dir.path(),
+        )
+    }
+
+    /// An operator scraping `router_url`; with `elect`, it takes part in the election on the
+    /// Lease `switchyard-operator` of the scenario's namespace.
+    fn operator(&self, name: &'static str, router_url: &str, elect: bool, metrics: u16) -> Proc {
+        let mut args = vec![
+            "operator".into(),
+            format!("--namespace={}", self.ns),
+            format!("--kubeconfig={}", self.kubeconfig),
+            format!("--router-address={router_url}"),
+            format!("--interval={INTERVAL_SECS}s"),
+            format!("--metrics-listen=127.0.0.1:{metrics}"),
+            format!("--identity={name}"),
+            "--no-probes".into(),
+        ];
+        if elect {
+            args.push(format!("--lease-namespace={}", self.ns));
+        } else {
+            args.push("--no-leader-election".into());
+        }
+        Proc::spawn(name, &args, self.dir.path())
+    }
+
+    fn provider_status(&self) -> Value {
+        self.get("llmprovider", "e2e-mock")["status"].clone()
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        // The API server has no garbage collector: delete what is in the namespace, then it.
+        let _ = kubectl(
+            &[
+                "delete",
+                "llmproviders,routingpolicies,tenantquotas,secrets,leases,events",
+                "--all",
+                "-n",
+                &self.ns,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+        let _ = kubectl(
+            &[
+                "delete",
+                "namespace",
+                &self.ns,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
+}
+
+/// Sum of `status.counted[].successes`: how far the leader has counted every replica.
+fn counted_successes(status: &Value) -> u64 {
+    status["counted"].as_array().map_or(0, |a| {
+        a.iter().filter_map(|c| c["successes"].as_u64()).sum()
+    })
+}
+
+fn window_successes(status: &Value) -> u64 {
+    status["lastWindow"]["successes"].as_u64().unwrap_or(0)
+}
+
+async fn chat(http: &reqwest::Client, url: &str, key: &str) -> Result<u16, String> {
+    http.post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(key)
+        .timeout(Duration::from_secs(10))
+        .json(&json!({"model": "e2e-chat", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .map_err(|e| e.to_string())
+}
+
+/// Waits until the router serves `key` (that first success counts: it is returned as 1).
+async fn until_served(url: &str, key: &str) -> u64 {
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if chat(&http, url, key).await == Ok(200) {
+            return 1;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router at {url} never served {key}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sends `n` requests, each of which must succeed.
+async fn send(url: &str, n: u64) {
+    let http = reqwest::Client::new();
+    for i in 0..n {
+        let got = chat(&http, url, SCENARIO_KEY).await;
+        assert_eq!(got, Ok(200), "request {i} of {n}");
+    }
+}
+
+/// Requests in the background until stopped: successes and failures at the client.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(url: &str, every: Duration) -> Load {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ok = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, o, f, url) = (stop.clone(), ok.clone(), failed.clone(), url.to_owned());
+        let task = tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while !s.load(Ordering::Relaxed) {
+                match chat(&http, &url, SCENARIO_KEY).await {
+                    Ok(200) => {
+                        o.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => f.lock().unwrap().push(format!("{other:?}")),
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        Load {
+            stop,
+            ok,
+            failed,
+            task,
+        }
+    }
+
+    fn ok(&self) -> u64 {
+        self.ok.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops and returns (successes, failures).
+    async fn finish(self) -> (u64, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap();
+        let failed = self.failed.lock().unwrap().clone();
+        (self.ok.load(std::sync::atomic::Ordering::Relaxed), failed)
+    }
+}
+
+/// The router's own cumulative successes for the scenario's provider (`GET /outcomes`).
+async fn router_successes(url: &str, ns: &str) -> u64 {
+    let report: Value = reqwest::get(format!("{url}/outcomes"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    report["providers"][format!("{ns}/e2e-mock")]["successes"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+async fn metric(url: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls the provider's status every 100 ms until `done` accepts it; returns it.
+async fn status_until(
+    s: &Scenario,
+    limit: Duration,
+    what: &str,
+    mut done: impl FnMut(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let status = s.provider_status();
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}; last status: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_traffic_before_the_operator_starts_is_counted_in_its_first_window() {
+    let _serial = serial();
+    let Some(kubeconfig) = cluster("the start scenario") else {
+        return;
+    };
+    let s = Scenario::new("start", &kubeconfig).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _router = s.router(port, &kubeconfig);
+    let served = until_served(&url, SCENARIO_KEY).await;
+    send(&url, 11).await;
+    let total = served + 11;
+    assert_eq!(router_successes(&url, &s.ns).await, total);
+
+    let started = tokio::time::Instant::now();
+    let _operator = s.operator("op-start", &url, false, free_port());
+    let status = status_until(
+        &s,
+        Duration::from_secs(INTERVAL_SECS + 15),
+        "the first window",
+        |st| counted_successes(st) > 0,
+    )
+    .await;
+    eprintln!(
+        "first window written {:?} after the operator started",
+        started.elapsed()
+    );
+    assert_eq!(counted_successes(&status), total, "{status}");
+    assert_eq!(
+        window_successes(&status),
+        total,
+        "the first window holds what the router served before the first scrape: {status}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(INTERVAL_SECS),
+        "the first tick runs at start, not one interval later ({:?})",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_operator_killed_and_restarted_mid_traffic_loses_no_outcome() {
+    let _serial = serial();
+    let Some(kubeconfig) = cluster("the restart scenario") else {
+        return;
+    };
+    let s = Scenario::new("restart", &kubeconfig).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _router = s.router(port, &kubeconfig);
+    until_served(&url, SCENARIO_KEY).await;
+    let load = Load::start(&url, Duration::from_millis(50));
+    let first = s.operator("op-restart", &url, false, free_port());
+    status_until(&s, Duration::from_secs(15), "a first count", |st| {
+        counted_successes(st) > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(INTERVAL_SECS + 1)).await;
+    // SIGKILL mid-traffic: no chance to write anything more.
+    drop(first);
+    let at_kill = s.provider_status();
+    let counted_at_kill = counted_successes(&at_kill);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let sent_while_down = load.ok();
+    let _second = s.operator("op-restart", &url, false, free_port());
+    let resumed = status_until(
+        &s,
+        Duration::from_secs(15),
+        "the restarted operator's window",
+        |st| counted_successes(st) != counted_at_kill,
+    )
+    .await;
+    let first_window = window_successes(&resumed);
+    assert_eq!(
+        first_window,
+        counted_successes(&resumed) - counted_at_kill,
+        "the restarted operator's first window starts where the killed one stopped: {resumed}"
+    );
+    assert!(
+        counted_successes(&resumed) >= sent_while_down.saturating_sub(1),
+        "everything sent while the operator was down is in its first window: {resumed}, sent {sent_while_down}"
+    );
+    let (ok, failed) = load.finish().await;
+    assert!(failed.is_empty(), "client errors: {failed:?}");
+    let total = router_successes(&url, &s.ns).await;
+    // The router's cumulative count includes the readiness request.
+    assert_eq!(total, ok + 1);
+    status_until(
+        &s,
+        Duration::from_secs(2 * INTERVAL_SECS + 5),
+        "every outcome counted",
+        |st| counted_successes(st) == total,
+    )
+    .await;
+    eprintln!(
+        "restart: {ok} requests, {counted_at_kill} counted at the kill, first window after restart {first_window}, all {total} counted"
+    );
+}
+
+fn lease_holder(s: &Scenario) -> Option<String> {
+    let out = kubectl(
+        &[
+            "get",
+            "lease",
+            "switchyard-operator",
+            "-n",
+            &s.ns,
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    out.status.success().then(|| {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_leadership_moves_on_a_real_lease_without_losing_outcomes() {
+    let _serial = serial();
+    let Some(kubeconfig) = cluster("the leader-election scenario") else {
+        return;
+    };
+    let s = Scenario::new("lease", &kubeconfig).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _router = s.router(port, &kubeconfig);
+    until_served(&url, SCENARIO_KEY).await;
+    let load = Load::start(&url, Duration::from_millis(50));
+    let (ma, mb) = (free_port(), free_port());
+    let mut a = Some(s.operator("op-a", &url, true, ma));
+    let mut b = Some(s.operator("op-b", &url, true, mb));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        match lease_holder(&s).as_deref() {
+            Some("op-a") => break "op-a",
+            Some("op-b") => break "op-b",
+            _ => {}
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    status_until(
+        &s,
+        Duration::from_secs(15),
+        "the leader's first count",
+        |st| counted_successes(st) > 0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(INTERVAL_SECS + 1)).await;
+    let (leader_metrics, follower_metrics, follower) = if leader == "op-a" {
+        (ma, mb, "op-b")
+    } else {
+        (mb, ma, "op-a")
+    };
+    let written = "switchyard_operator_status_syncs_total{kind=\"LLMProvider\",result=\"written\"}";
+    let leader_url = format!("http://127.0.0.1:{leader_metrics}");
+    let follower_url = format!("http://127.0.0.1:{follower_metrics}");
+    assert!(metric(&leader_url, written).await > 0.0);
+    assert_eq!(
+        metric(&follower_url, written).await,
+        0.0,
+        "the follower writes nothing"
+    );
+    assert_eq!(
+        metric(&follower_url, "switchyard_operator_leader ").await,
+        0.0
+    );
+
+    // SIGKILL the leader: its Lease is not released and must expire.
+    let killed = tokio::time::Instant::now();
+    if leader == "op-a" {
+        drop(a.take());
+    } else {
+        drop(b.take());
+    }
+    let at_kill = counted_successes(&s.provider_status());
+    let deadline = killed + Duration::from_secs(30);
+    while lease_holder(&s).as_deref() != Some(follower) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{follower} never took the Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let takeover = killed.elapsed();
+    let after = status_until(
+        &s,
+        Duration::from_secs(15),
+        "the new leader's window",
+        |st| counted_successes(st) != at_kill,
+    )
+    .await;
+    assert_eq!(
+        window_successes(&after),
+        counted_successes(&after) - at_kill,
+        "the new leader's first window starts where the old one stopped: {after}"
+    );
+    assert!(
+        window_successes(&after) > 0,
+        "traffic sent during the takeover is counted: {after}"
+    );
+    assert!(
+        takeover <= Duration::from_secs(15 + 2),
+        "takeover took {takeover:?}, more than the 15 s lease duration"
+    );
+    assert!(metric(&follower_url, written).await > 0.0);
+    assert_eq!(
+        metric(&follower_url, "switchyard_operator_leader ").await,
+        1.0
+    );
+
+    // The status has one field manager, the operator's, through the status subresource.
+    let obj: Value = serde_json::from_str(&kubectl_ok(
+        &[
+            "get",
+            "llmprovider",
+            "e2e-mock",
+            "-n",
+            &s.ns,
+            "-o",
+            "json",
+            "--show-managed-fields",
+        ],
+        None,
+    ))
+    .unwrap();
+    let managers: Vec<(String, String)> = obj["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["subresource"] == "status")
+        .map(|m| {
+            (
+                m["manager"].as_str().unwrap_or("").to_owned(),
+                m["operation"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        managers,
+        [("switchyard-operator".to_owned(), "Apply".to_owned())],
+        "{}",
+        obj["metadata"]["managedFields"]
+    );
+
+    let (ok, failed) = load.finish().await;
+    assert!(failed.is_empty(), "client errors: {failed:?}");
+    let total = router_successes(&url, &s.ns).await;
+    assert_eq!(total, ok + 1);
+    status_until(
+        &s,
+        Duration::from_secs(2 * INTERVAL_SECS + 5),
+        "every outcome counted",
+        |st| counted_successes(st) == total,
+    )
+    .await;
+    eprintln!(
+        "leader change: {leader} killed, {follower} held the Lease after {takeover:?}; first window {} ; all {total} counted",
+        window_successes(&after)
+    );
 }
