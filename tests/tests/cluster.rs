@@ -18,7 +18,27 @@
 //! 5. applies an invalid manifest from `config/examples/invalid/` and expects the API server
 //!    to refuse it with the CEL rule's message.
 //!
-//! Everything it created in `ai-platform` is deleted at the end; the CRDs stay.
+//! Everything it created in `ai-platform` is deleted at the end, by a drop guard also when a
+//! step fails; the CRDs stay.
+//!
+//! Scenario tests (issue 15), each in a namespace of its own (`sy-<tag>-<pid>`, deleted with its
+//! objects by a drop guard) and one at a time (one stops the API server):
+//! - traffic the router served before the operator started is in the operator's first window,
+//!   written within one interval of its start;
+//! - an operator SIGKILLed and restarted mid-traffic: the restarted one's first window starts
+//!   exactly where the killed one's `status.counted` stopped, and in the end every success the
+//!   router counted is counted;
+//! - two operators on a real Lease: only the leader writes (metrics), the follower takes the
+//!   Lease within its 15 s duration after the leader is SIGKILLed, nothing is lost, and the
+//!   status has one field manager (`switchyard-operator`, Apply, status subresource);
+//! - fail-static: a Secret rotation reaches the running router; the API server and etcd are
+//!   stopped under load (`../shared/kapi/down.sh`, or `SWITCHYARD_KAPI_DIR`) with no client
+//!   error, the router reports staleness in `/status` and `switchyard_config_stale_seconds`, the
+//!   operator counts watch errors; after `up.sh` the watches recover; a change made while the
+//!   router is cut off (a TCP forwarder the test closes) reaches it once reconnected;
+//! - the chart, rendered for the default and HA values (`tests/helm/render_chart.py`, the venv's
+//!   helm-python-sdk), is accepted object by object by a server-side dry-run apply into a
+//!   namespace, for every kind the server serves.
 
 // Test code: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -211,6 +231,31 @@ impl Drop for Proc {
     }
 }
 
+/// Deletes the examples and the test's own objects on drop (the CRDs stay).
+struct Cleanup {
+    objects: String,
+    examples: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = kubectl(
+            &[
+                "delete",
+                "-f",
+                self.examples.to_str().unwrap_or_default(),
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+        let _ = kubectl(
+            &["delete", "-f", "-", "--ignore-not-found", "--wait=false"],
+            Some(&self.objects),
+        );
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -247,6 +292,7 @@ fn ready_status(obj: &Value) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() {
+    let _serial = serial();
     let kubeconfig = std::env::var("KUBECONFIG").ok();
     let require = std::env::var("SWITCHYARD_REQUIRE_CLUSTER").ok();
     match gate(kubeconfig.as_deref(), require.as_deref(), probe_cluster) {
@@ -307,6 +353,11 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
     objects.push_str(&format!(
         "---\napiVersion: switchyard.dev/v1alpha1\nkind: TenantQuota\nmetadata: {{name: e2e-tenant, namespace: {NS}}}\nspec:\n  apiKeys: [{{name: default, secretRef: {{name: e2e-keys, key: default}}}}]\n"
     ));
+    // Deleted on drop, also when a step below fails.
+    let _cleanup = Cleanup {
+        objects: objects.clone(),
+        examples: repo.join("config/examples"),
+    };
     kubectl_ok(&["apply", "-f", "-"], Some(&objects));
     kubectl_ok(
         &[
@@ -455,20 +506,6 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
 
     drop(router);
     drop(operator);
-    let _ = kubectl(
-        &[
-            "delete",
-            "-f",
-            repo.join("config/examples").to_str().unwrap(),
-            "--ignore-not-found",
-            "--wait=false",
-        ],
-        None,
-    );
-    let _ = kubectl(
-        &["delete", "-f", "-", "--ignore-not-found", "--wait=false"],
-        Some(&objects),
-    );
     mock.shutdown().await;
 }
 
@@ -1046,4 +1083,399 @@ async fn cluster_leadership_moves_on_a_real_lease_without_losing_outcomes() {
         "leader change: {leader} killed, {follower} held the Lease after {takeover:?}; first window {} ; all {total} counted",
         window_successes(&after)
     );
+}
+
+/// A TCP forwarder to the API server that can be cut (every connection closed, nothing
+/// accepted) and restored on the same port: a router cut off from a server that stays up.
+struct Cut {
+    port: u16,
+    upstream: std::net::SocketAddr,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Cut {
+    async fn open(upstream: std::net::SocketAddr, port: u16) -> Cut {
+        let cut = Cut {
+            port,
+            upstream,
+            tasks: std::sync::Arc::default(),
+        };
+        cut.restore().await;
+        cut
+    }
+
+    async fn restore(&self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .unwrap();
+        let (upstream, tasks) = (self.upstream, self.tasks.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                tasks.lock().unwrap().push(conn);
+            }
+        });
+        self.tasks.lock().unwrap().push(accept);
+    }
+
+    fn cut(&self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+fn api_server_addr(kubeconfig: &str) -> std::net::SocketAddr {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .expect("a server: https://HOST:PORT line in the kubeconfig");
+    server
+        .trim_end_matches('/')
+        .parse()
+        .unwrap_or_else(|e| panic!("{server}: {e} (an IP:port server is needed for the cut)"))
+}
+
+fn set_tenant_key(s: &Scenario, key: &str) {
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: e2e-keys, namespace: {}}}\nstringData: {{default: {key}}}\n",
+        s.ns
+    );
+    kubectl_ok(&["apply", "-f", "-"], Some(&secret));
+}
+
+/// Waits until `key` is served and `old` refused with 401.
+async fn until_rotated(url: &str, key: &str, old: &str, limit: Duration) -> Duration {
+    let http = reqwest::Client::new();
+    let start = tokio::time::Instant::now();
+    loop {
+        let new_ok = chat(&http, url, key).await == Ok(200);
+        let old_refused = chat(&http, url, old).await == Ok(401);
+        if new_ok && old_refused {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the rotated key did not reach the router within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn router_messages(url: &str) -> String {
+    let status: Value = reqwest::get(format!("{url}/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    status["messages"].to_string()
+}
+
+/// Runs `../shared/kapi/<script>` and fails the test when it fails.
+fn kapi(script: &str) {
+    let path = kapi_dir().join(script);
+    let out = Command::new(&path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts the API server again if a failed test left it stopped.
+struct Restart;
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        if probe_cluster().is_err() {
+            let _ = Command::new(kapi_dir().join("up.sh"))
+                .stdin(Stdio::null())
+                .output();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_routers_fail_static_through_an_outage_and_catch_up_after_it() {
+    let _serial = serial();
+    let Some(kubeconfig) = cluster("the outage scenario") else {
+        return;
+    };
+    let s = Scenario::new("outage", &kubeconfig).await;
+    // The router reaches the API server through a forwarder the test can cut.
+    let cut = Cut::open(api_server_addr(&kubeconfig), free_port()).await;
+    let routed = s.dir.path().join("kubeconfig-cut");
+    let text = std::fs::read_to_string(&kubeconfig).unwrap().replace(
+        &format!("server: https://{}", cut.upstream),
+        &format!("server: https://127.0.0.1:{}", cut.port),
+    );
+    std::fs::write(&routed, text).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let router = s.router(port, routed.to_str().unwrap());
+    let router_pid = router.child.id();
+    let operator_metrics = free_port();
+    let _operator = s.operator("op-outage", &url, false, operator_metrics);
+    until_served(&url, SCENARIO_KEY).await;
+
+    // 1. Secret rotation reaches the running router.
+    let rotated = "sk-scenario-2";
+    set_tenant_key(&s, rotated);
+    let took = until_rotated(&url, rotated, SCENARIO_KEY, Duration::from_secs(15)).await;
+    eprintln!("secret rotation reached the router in {took:?}");
+
+    // 2. A real outage under load: the API server and etcd stop.
+    let _restart = Restart;
+    let load = LoadWith::start(&url, rotated);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped = tokio::time::Instant::now();
+    kapi("down.sh");
+    eprintln!(
+        "down.sh stopped the API server and etcd in {:?}",
+        stopped.elapsed()
+    );
+    assert!(probe_cluster().is_err(), "the API server still answers");
+    let deadline = stopped + Duration::from_secs(20);
+    loop {
+        let stale = metric(&url, "switchyard_config_stale_seconds").await;
+        let messages = router_messages(&url).await;
+        if stale > 0.0 && messages.contains("serving the last configuration") {
+            eprintln!(
+                "router reports staleness {:?} into the outage: {messages}",
+                stopped.elapsed()
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router never reported the outage: stale {stale}, messages {messages}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = load.ok();
+    kapi("up.sh");
+    let outage = stopped.elapsed();
+    let (ok, failed) = load.finish().await;
+    assert!(
+        failed.is_empty(),
+        "client errors during the outage: {failed:?}"
+    );
+    assert!(during > 10, "the load ran during the outage ({during})");
+    let op_url = format!("http://127.0.0.1:{operator_metrics}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while metric(&url, "switchyard_config_stale_seconds").await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router's watches never recovered: {}",
+            router_messages(&url).await
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let watch_errors = metric(&op_url, "switchyard_operator_watch_errors_total").await;
+    assert!(
+        watch_errors > 0.0,
+        "the operator counted no watch failure during the outage"
+    );
+    eprintln!(
+        "outage of {outage:?}: {ok} requests served, none failed; operator watch errors {watch_errors}"
+    );
+
+    // 3. Cut off from a server that stays up: a change made meanwhile reaches the router once
+    //    it is reconnected, and until then the last configuration keeps serving.
+    cut.cut();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after_cut = "sk-scenario-3";
+    set_tenant_key(&s, after_cut);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let http = reqwest::Client::new();
+    assert_eq!(
+        chat(&http, &url, rotated).await,
+        Ok(200),
+        "cut off, the router keeps its last configuration"
+    );
+    cut.restore().await;
+    let took = until_rotated(&url, after_cut, rotated, Duration::from_secs(30)).await;
+    eprintln!("the change made while cut off reached the router {took:?} after reconnection");
+    assert_eq!(
+        router.child.id(),
+        router_pid,
+        "the same router process throughout"
+    );
+}
+
+/// [`Load`] with another key.
+struct LoadWith;
+
+impl LoadWith {
+    fn start(url: &str, key: &str) -> Load {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ok = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
+        let (url, key) = (url.to_owned(), key.to_owned());
+        let task = tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while !s.load(Ordering::Relaxed) {
+                match chat(&http, &url, &key).await {
+                    Ok(200) => {
+                        o.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => f.lock().unwrap().push(format!("{other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Load {
+            stop,
+            ok,
+            failed,
+            task,
+        }
+    }
+}
+
+/// Kinds the API server serves, as (apiVersion, kind), from `kubectl api-resources`.
+fn served_kinds() -> std::collections::BTreeSet<(String, String)> {
+    let out = kubectl_ok(&["api-resources", "--no-headers"], None);
+    out.lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let kind = cols.last()?;
+            let version = cols.iter().rev().nth(2)?;
+            Some(((*version).to_owned(), (*kind).to_owned()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_accepts_the_charts_objects_by_server_side_dry_run() {
+    let _serial = serial();
+    let Some(_kubeconfig) = cluster("the chart dry-run") else {
+        return;
+    };
+    let python = std::env::var_os("SWITCHYARD_PYTHON")
+        .map_or_else(|| repo().join(".venv/bin/python"), PathBuf::from);
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/setup-venv.sh (the chart is rendered with helm-python-sdk)",
+        python.display()
+    );
+    let served = served_kinds();
+    for want in [
+        ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+        ("apps/v1", "Deployment"),
+        ("v1", "Service"),
+        ("v1", "ServiceAccount"),
+        ("v1", "ConfigMap"),
+        ("v1", "Secret"),
+    ] {
+        assert!(
+            served.contains(&(want.0.to_owned(), want.1.to_owned())),
+            "the server does not serve {want:?}: {served:?}"
+        );
+    }
+    let ns = format!("sy-chart-{}", std::process::id());
+    let guard = NamespaceGuard(ns.clone());
+    kubectl_ok(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"
+        )),
+    );
+    for values in ["default", "ha"] {
+        let out = Command::new(&python)
+            .arg(repo().join("tests/helm/render_chart.py"))
+            .args([values, &ns])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "render_chart.py {values}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let docs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let mut applied = std::collections::BTreeMap::<String, usize>::new();
+        let mut skipped = std::collections::BTreeSet::new();
+        for doc in &docs {
+            let key = (
+                doc["apiVersion"].as_str().unwrap().to_owned(),
+                doc["kind"].as_str().unwrap().to_owned(),
+            );
+            if !served.contains(&key) {
+                skipped.insert(format!("{}/{}", key.0, key.1));
+                continue;
+            }
+            let text = serde_json::to_string(doc).unwrap();
+            let got = kubectl(
+                &[
+                    "apply",
+                    "--server-side",
+                    "--dry-run=server",
+                    "--field-manager=chart-dry-run",
+                    "-n",
+                    &ns,
+                    "-f",
+                    "-",
+                ],
+                Some(&text),
+            );
+            assert!(
+                got.status.success(),
+                "{values}: the server refused {} {}: {}",
+                key.1,
+                doc["metadata"]["name"],
+                String::from_utf8_lossy(&got.stderr)
+            );
+            *applied.entry(key.1).or_default() += 1;
+        }
+        for kind in [
+            "CustomResourceDefinition",
+            "Deployment",
+            "Service",
+            "ServiceAccount",
+        ] {
+            assert!(
+                applied.get(kind).copied().unwrap_or(0) > 0,
+                "{values}: no {kind} in {applied:?}"
+            );
+        }
+        eprintln!("chart {values}: dry-run accepted {applied:?}; not served here: {skipped:?}");
+    }
+    drop(guard);
+}
+
+/// Deletes a namespace on drop.
+struct NamespaceGuard(String);
+
+impl Drop for NamespaceGuard {
+    fn drop(&mut self) {
+        let _ = kubectl(
+            &[
+                "delete",
+                "namespace",
+                &self.0,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
 }
