@@ -292,7 +292,7 @@ fn ready_status(obj: &Value) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() {
-    let _serial = serial();
+    let _serial = serial().await;
     let kubeconfig = std::env::var("KUBECONFIG").ok();
     let require = std::env::var("SWITCHYARD_REQUIRE_CLUSTER").ok();
     match gate(kubeconfig.as_deref(), require.as_deref(), probe_cluster) {
@@ -513,13 +513,12 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
 // Scenario tests (issue 15): each in its own namespace, cleaned up by a drop guard also when it
 // fails, run one at a time (one of them stops the API server).
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Runs cluster scenarios one at a time (a failed one must not block the others).
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// Runs cluster scenarios one at a time (an async lock: it does not poison, so a failed one
+/// does not block the others).
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
 }
 
 /// The kubeconfig when the cluster tests run; `None` (with a note) when they are skipped;
@@ -819,7 +818,7 @@ async fn status_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_traffic_before_the_operator_starts_is_counted_in_its_first_window() {
-    let _serial = serial();
+    let _serial = serial().await;
     let Some(kubeconfig) = cluster("the start scenario") else {
         return;
     };
@@ -860,7 +859,7 @@ async fn cluster_traffic_before_the_operator_starts_is_counted_in_its_first_wind
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_operator_killed_and_restarted_mid_traffic_loses_no_outcome() {
-    let _serial = serial();
+    let _serial = serial().await;
     let Some(kubeconfig) = cluster("the restart scenario") else {
         return;
     };
@@ -941,7 +940,7 @@ fn lease_holder(s: &Scenario) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_leadership_moves_on_a_real_lease_without_losing_outcomes() {
-    let _serial = serial();
+    let _serial = serial().await;
     let Some(kubeconfig) = cluster("the leader-election scenario") else {
         return;
     };
@@ -1213,7 +1212,7 @@ impl Drop for Restart {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_routers_fail_static_through_an_outage_and_catch_up_after_it() {
-    let _serial = serial();
+    let _serial = serial().await;
     let Some(kubeconfig) = cluster("the outage scenario") else {
         return;
     };
@@ -1367,7 +1366,7 @@ fn served_kinds() -> std::collections::BTreeSet<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_accepts_the_charts_objects_by_server_side_dry_run() {
-    let _serial = serial();
+    let _serial = serial().await;
     let Some(_kubeconfig) = cluster("the chart dry-run") else {
         return;
     };
