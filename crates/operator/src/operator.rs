@@ -283,7 +283,7 @@ impl Operator {
     }
 
     /// Forgets the control loop's state (on losing leadership; the next term resumes from
-    /// the stored status and starts scraping from baselines).
+    /// the stored status and its `status.counted` checkpoints).
     pub async fn step_down(&self) {
         lock(&self.control).clear();
         lock(&self.recent).clear();
