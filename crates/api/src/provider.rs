@@ -410,9 +410,10 @@ pub struct LLMProviderStatus {
     /// leader that sees a replica for the first time (after its own start, a restart or a
     /// leader change) counts from here instead of taking a baseline, so no outcome is lost;
     /// a replica absent from the list was never counted and is counted from its start.
-    /// Replicas no longer listed by the router Service are dropped.
+    /// Entries are keyed by replica name and start time (routers outside a cluster on one host
+    /// share a name); replicas no longer listed by the router Service are dropped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["replica".into()]))]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["replica".into(), "startedAt".into()]))]
     #[schemars(length(max = 1024))]
     pub counted: Vec<ReplicaCounted>,
 }

@@ -8,7 +8,7 @@
 //! every write carries the object's *whole* status, the two writers never undo each other's
 //! fields under the one field manager.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -22,6 +22,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use switchyard_api::common::{condition, field_manager, reason};
+use switchyard_api::provider::ReplicaCounted;
 use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota};
 
 use crate::control::ControlState;
@@ -618,11 +619,13 @@ fn checkpoints(providers: &[Arc<LLMProvider>]) -> Checkpoints {
         .iter()
         .filter_map(|p| {
             let status = p.status.as_ref()?;
-            let by_replica = status
-                .counted
-                .iter()
-                .map(|c| (c.replica.clone(), c.clone()))
-                .collect();
+            let mut by_replica: BTreeMap<String, Vec<ReplicaCounted>> = BTreeMap::new();
+            for c in &status.counted {
+                by_replica
+                    .entry(c.replica.clone())
+                    .or_default()
+                    .push(c.clone());
+            }
             Some((key_of(&**p), by_replica))
         })
         .collect()

@@ -187,8 +187,9 @@ pub struct Collected {
     pub unreachable: BTreeMap<String, String>,
 }
 
-/// Checkpoints read from status: provider key (`namespace/name`) → replica name → counted.
-pub type Checkpoints = BTreeMap<String, BTreeMap<String, ReplicaCounted>>;
+/// Checkpoints read from status: provider key (`namespace/name`) → replica name → counted
+/// (one entry per process of that name: start times differ).
+pub type Checkpoints = BTreeMap<String, BTreeMap<String, Vec<ReplicaCounted>>>;
 
 /// Scrapes replicas and keeps the last report of each (see the module docs).
 #[derive(Debug)]
@@ -316,10 +317,12 @@ impl Collector {
             None => {
                 let mut state = ReplicaState::Started;
                 for (key, counters) in &report.providers {
-                    let checkpoint = checkpoints
+                    let entries = checkpoints
                         .get(key)
                         .and_then(|by_replica| by_replica.get(&report.replica));
-                    let base = match checkpoint.map(|c| resumable(c, &report)) {
+                    let checkpoint =
+                        entries.map(|all| all.iter().find_map(|c| resumable(c, &report)));
+                    let base = match checkpoint {
                         Some(Some(base)) if !went_down(&base, counters) => {
                             state = ReplicaState::Resumed;
                             Some(base)
@@ -375,15 +378,16 @@ impl Collector {
     }
 
     /// The checkpoint of provider `key`: every remembered replica's counters for it, sorted by
-    /// replica name (what goes into `status.counted`).
+    /// replica name and start time (what goes into `status.counted`).
     pub fn counted(&self, key: &str) -> Vec<ReplicaCounted> {
         let mut out: Vec<ReplicaCounted> = self
             .last
             .values()
             .filter_map(|r| r.providers.get(key).map(|c| counted(r, c)))
             .collect();
-        out.sort_by(|a, b| a.replica.cmp(&b.replica));
-        out.dedup_by(|a, b| a.replica == b.replica);
+        out.sort_by(|a, b| (&a.replica, &a.started_at).cmp(&(&b.replica, &b.started_at)));
+        // Two addresses reporting one process (the same name and start) would repeat a key.
+        out.dedup_by(|a, b| a.replica == b.replica && a.started_at == b.started_at);
         out
     }
 }

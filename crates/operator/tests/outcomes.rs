@@ -103,16 +103,18 @@ async fn collect_first_sight_resumes_from_the_checkpoint_in_status() {
     restarted.set("ns/p", 4, &[]);
     let mut checkpoints = Checkpoints::new();
     let mut entry = |replica: &str, started: &str, successes: u64, errors: &[(&str, u64)]| {
-        checkpoints.entry("ns/p".to_owned()).or_default().insert(
-            replica.to_owned(),
-            ReplicaCounted {
+        checkpoints
+            .entry("ns/p".to_owned())
+            .or_default()
+            .entry(replica.to_owned())
+            .or_default()
+            .push(ReplicaCounted {
                 replica: replica.to_owned(),
                 started_at: started.to_owned(),
                 successes,
                 errors: errors.iter().map(|(c, n)| ((*c).to_owned(), *n)).collect(),
                 cancelled: 0,
-            },
-        );
+            });
     };
     entry("router-a", EARLY, 100, &[("capacity", 5)]);
     // router-r's checkpoint is of its previous process.
@@ -144,7 +146,7 @@ async fn collect_first_sight_resumes_from_the_checkpoint_in_status() {
         "ns/p".to_owned(),
         counted
             .into_iter()
-            .map(|c| (c.replica.clone(), c))
+            .map(|c| (c.replica.clone(), vec![c]))
             .collect(),
     )]
     .into();
@@ -159,6 +161,28 @@ async fn collect_first_sight_resumes_from_the_checkpoint_in_status() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_two_processes_with_one_name_resume_from_their_own_checkpoints() {
+    // Routers outside a cluster on one host report the host name: the start time tells them apart.
+    let a = FakeRouter::start("host-1", EARLY).await;
+    let b = FakeRouter::start("host-1", "2026-11-30T11:30:00Z").await;
+    a.set("ns/p", 10, &[]);
+    b.set("ns/p", 20, &[]);
+    let mut first = Collector::new();
+    first.collect(&[a.url(), b.url()], &none()).await;
+    let counted = first.counted("ns/p");
+    assert_eq!(counted.len(), 2, "{counted:?}");
+    let checkpoints: Checkpoints =
+        [("ns/p".to_owned(), [("host-1".to_owned(), counted)].into())].into();
+    a.set("ns/p", 11, &[]);
+    b.set("ns/p", 23, &[]);
+    let next = Collector::new()
+        .collect(&[a.url(), b.url()], &checkpoints)
+        .await;
+    assert_eq!(next.providers["ns/p"].successes, 1 + 3);
+    assert!(next.scraped.values().all(|s| *s == ReplicaState::Resumed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn collect_checkpoint_above_the_counters_is_a_restart() {
     let a = FakeRouter::start("router-a", EARLY).await;
     a.set("ns/p", 20, &[]);
@@ -166,12 +190,12 @@ async fn collect_checkpoint_above_the_counters_is_a_restart() {
         "ns/p".to_owned(),
         [(
             "router-a".to_owned(),
-            ReplicaCounted {
+            vec![ReplicaCounted {
                 replica: "router-a".to_owned(),
                 started_at: EARLY.to_owned(),
                 successes: 50,
                 ..ReplicaCounted::default()
-            },
+            }],
         )]
         .into(),
     )]
