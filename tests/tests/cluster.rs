@@ -18,7 +18,27 @@
 //! 5. applies an invalid manifest from `config/examples/invalid/` and expects the API server
 //!    to refuse it with the CEL rule's message.
 //!
-//! Everything it created in `ai-platform` is deleted at the end; the CRDs stay.
+//! Everything it created in `ai-platform` is deleted at the end, by a drop guard also when a
+//! step fails; the CRDs stay.
+//!
+//! Scenario tests (issue 15), each in a namespace of its own (`sy-<tag>-<pid>`, deleted with its
+//! objects by a drop guard) and one at a time (one stops the API server):
+//! - traffic the router served before the operator started is in the operator's first window,
+//!   written within one interval of its start;
+//! - an operator SIGKILLed and restarted mid-traffic: the restarted one's first window starts
+//!   exactly where the killed one's `status.counted` stopped, and in the end every success the
+//!   router counted is counted;
+//! - two operators on a real Lease: only the leader writes (metrics), the follower takes the
+//!   Lease within its 15 s duration after the leader is SIGKILLed, nothing is lost, and the
+//!   status has one field manager (`switchyard-operator`, Apply, status subresource);
+//! - fail-static: a Secret rotation reaches the running router; the API server and etcd are
+//!   stopped under load (`../shared/kapi/down.sh`, or `SWITCHYARD_KAPI_DIR`) with no client
+//!   error, the router reports staleness in `/status` and `switchyard_config_stale_seconds`, the
+//!   operator counts watch errors; after `up.sh` the watches recover; a change made while the
+//!   router is cut off (a TCP forwarder the test closes) reaches it once reconnected;
+//! - the chart, rendered for the default and HA values (`tests/helm/render_chart.py`, the venv's
+//!   helm-python-sdk), is accepted object by object by a server-side dry-run apply into a
+//!   namespace, for every kind the server serves.
 
 // Test code: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -30,7 +50,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchyard_mock::{MockConfig, MockProvider};
+use switchyard_mock::{MockConfig, MockHandle, MockProvider};
 
 /// What to do with the cluster test.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,6 +231,31 @@ impl Drop for Proc {
     }
 }
 
+/// Deletes the examples and the test's own objects on drop (the CRDs stay).
+struct Cleanup {
+    objects: String,
+    examples: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = kubectl(
+            &[
+                "delete",
+                "-f",
+                self.examples.to_str().unwrap_or_default(),
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+        let _ = kubectl(
+            &["delete", "-f", "-", "--ignore-not-found", "--wait=false"],
+            Some(&self.objects),
+        );
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -247,6 +292,7 @@ fn ready_status(obj: &Value) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() {
+    let _serial = serial().await;
     let kubeconfig = std::env::var("KUBECONFIG").ok();
     let require = std::env::var("SWITCHYARD_REQUIRE_CLUSTER").ok();
     match gate(kubeconfig.as_deref(), require.as_deref(), probe_cluster) {
@@ -307,6 +353,11 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
     objects.push_str(&format!(
         "---\napiVersion: switchyard.dev/v1alpha1\nkind: TenantQuota\nmetadata: {{name: e2e-tenant, namespace: {NS}}}\nspec:\n  apiKeys: [{{name: default, secretRef: {{name: e2e-keys, key: default}}}}]\n"
     ));
+    // Deleted on drop, also when a step below fails.
+    let _cleanup = Cleanup {
+        objects: objects.clone(),
+        examples: repo.join("config/examples"),
+    };
     kubectl_ok(&["apply", "-f", "-"], Some(&objects));
     kubectl_ok(
         &[
@@ -455,19 +506,975 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
 
     drop(router);
     drop(operator);
-    let _ = kubectl(
+    mock.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario tests (issue 15): each in its own namespace, cleaned up by a drop guard also when it
+// fails, run one at a time (one of them stops the API server).
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs cluster scenarios one at a time (an async lock: it does not poison, so a failed one
+/// does not block the others).
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
+}
+
+/// The kubeconfig when the cluster tests run; `None` (with a note) when they are skipped;
+/// panics when `SWITCHYARD_REQUIRE_CLUSTER=1` and no cluster answers.
+fn cluster(test: &str) -> Option<String> {
+    let kubeconfig = std::env::var("KUBECONFIG").ok();
+    let require = std::env::var("SWITCHYARD_REQUIRE_CLUSTER").ok();
+    match gate(kubeconfig.as_deref(), require.as_deref(), probe_cluster) {
+        Gate::Run => kubeconfig,
+        Gate::Skip(why) => {
+            eprintln!("skipping {test}: {why}");
+            None
+        }
+        Gate::Fail(why) => panic!("{why}"),
+    }
+}
+
+/// `../shared/kapi` beside the repository, or `SWITCHYARD_KAPI_DIR`.
+fn kapi_dir() -> PathBuf {
+    std::env::var_os("SWITCHYARD_KAPI_DIR")
+        .map_or_else(|| repo().join("../shared/kapi"), PathBuf::from)
+}
+
+fn apply_crds() {
+    kubectl_ok(
+        &["apply", "-f", repo().join("crds").to_str().unwrap()],
+        None,
+    );
+    for crd in ["llmproviders", "routingpolicies", "tenantquotas"] {
+        kubectl_ok(
+            &[
+                "wait",
+                "--for=condition=established",
+                "--timeout=60s",
+                &format!("crd/{crd}.switchyard.dev"),
+            ],
+            None,
+        );
+    }
+}
+
+const SCENARIO_KEY: &str = "sk-scenario-1";
+
+/// One namespace with a mock-backed provider `e2e-mock`, policy `e2e-chat` (interval 3 s) and a
+/// tenant whose key is in Secret `e2e-keys`; everything in it is deleted on drop.
+struct Scenario {
+    ns: String,
+    dir: tempfile::TempDir,
+    kubeconfig: String,
+    _mock: MockHandle,
+}
+
+impl Scenario {
+    async fn new(tag: &str, kubeconfig: &str) -> Scenario {
+        apply_crds();
+        let ns = format!("sy-{tag}-{}", std::process::id());
+        let scenario_ns = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n");
+        kubectl_ok(&["apply", "-f", "-"], Some(&scenario_ns));
+        let mock = MockProvider::start(MockConfig {
+            name: "e2e-mock".to_owned(),
+            ..MockConfig::default()
+        })
+        .await
+        .unwrap();
+        let s = Scenario {
+            ns,
+            dir: tempfile::tempdir().unwrap(),
+            kubeconfig: kubeconfig.to_owned(),
+            _mock: mock,
+        };
+        let ns = &s.ns;
+        let objects = format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: e2e-mock-creds, namespace: {ns}}}\nstringData: {{api-key: placeholder}}\n\
+             ---\napiVersion: v1\nkind: Secret\nmetadata: {{name: e2e-keys, namespace: {ns}}}\nstringData: {{default: {SCENARIO_KEY}}}\n\
+             ---\napiVersion: switchyard.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: e2e-mock, namespace: {ns}}}\nspec:\n  api: openai\n  endpoint: {}\n  region: us-east-1\n  credentials: {{secretRef: {{name: e2e-mock-creds, key: api-key}}}}\n  models:\n    - {{name: e2e-chat}}\n\
+             ---\napiVersion: switchyard.dev/v1alpha1\nkind: RoutingPolicy\nmetadata: {{name: e2e-chat, namespace: {ns}}}\nspec:\n  model: e2e-chat\n  serviceType: chat\n  providers: [{{name: e2e-mock}}]\n  availability: {{interval: {INTERVAL_SECS}s}}\n\
+             ---\napiVersion: switchyard.dev/v1alpha1\nkind: TenantQuota\nmetadata: {{name: e2e-tenant, namespace: {ns}}}\nspec:\n  apiKeys: [{{name: default, secretRef: {{name: e2e-keys, key: default}}}}]\n",
+            s._mock.base_url()
+        );
+        kubectl_ok(&["apply", "-f", "-"], Some(&objects));
+        s
+    }
+
+    fn get(&self, kind: &str, name: &str) -> Value {
+        let out = kubectl_ok(&["get", kind, name, "-n", &self.ns, "-o", "json"], None);
+        serde_json::from_str(&out).unwrap()
+    }
+
+    fn router(&self, port: u16, kubeconfig: &str) -> Proc {
+        Proc::spawn(
+            "router",
+            &[
+                "router".into(),
+                format!("--namespace={}", self.ns),
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--listen=127.0.0.1:{port}"),
+            ],
+            self.dir.path(),
+        )
+    }
+
+    /// An operator scraping `router_url`; with `elect`, it takes part in the election on the
+    /// Lease `switchyard-operator` of the scenario's namespace.
+    fn operator(&self, name: &'static str, router_url: &str, elect: bool, metrics: u16) -> Proc {
+        let mut args = vec![
+            "operator".into(),
+            format!("--namespace={}", self.ns),
+            format!("--kubeconfig={}", self.kubeconfig),
+            format!("--router-address={router_url}"),
+            format!("--interval={INTERVAL_SECS}s"),
+            format!("--metrics-listen=127.0.0.1:{metrics}"),
+            format!("--identity={name}"),
+            "--no-probes".into(),
+        ];
+        if elect {
+            args.push(format!("--lease-namespace={}", self.ns));
+        } else {
+            args.push("--no-leader-election".into());
+        }
+        Proc::spawn(name, &args, self.dir.path())
+    }
+
+    fn provider_status(&self) -> Value {
+        self.get("llmprovider", "e2e-mock")["status"].clone()
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        // The API server has no garbage collector: delete what is in the namespace, then it.
+        let _ = kubectl(
+            &[
+                "delete",
+                "llmproviders,routingpolicies,tenantquotas,secrets,leases,events",
+                "--all",
+                "-n",
+                &self.ns,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+        let _ = kubectl(
+            &[
+                "delete",
+                "namespace",
+                &self.ns,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
+}
+
+/// Sum of `status.counted[].successes`: how far the leader has counted every replica.
+fn counted_successes(status: &Value) -> u64 {
+    status["counted"].as_array().map_or(0, |a| {
+        a.iter().filter_map(|c| c["successes"].as_u64()).sum()
+    })
+}
+
+fn window_successes(status: &Value) -> u64 {
+    status["lastWindow"]["successes"].as_u64().unwrap_or(0)
+}
+
+async fn chat(http: &reqwest::Client, url: &str, key: &str) -> Result<u16, String> {
+    http.post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(key)
+        .timeout(Duration::from_secs(10))
+        .json(&json!({"model": "e2e-chat", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .map_err(|e| e.to_string())
+}
+
+/// Waits until the router serves `key` (that first success counts: it is returned as 1).
+async fn until_served(url: &str, key: &str) -> u64 {
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if chat(&http, url, key).await == Ok(200) {
+            return 1;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router at {url} never served {key}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sends `n` requests, each of which must succeed.
+async fn send(url: &str, n: u64) {
+    let http = reqwest::Client::new();
+    for i in 0..n {
+        let got = chat(&http, url, SCENARIO_KEY).await;
+        assert_eq!(got, Ok(200), "request {i} of {n}");
+    }
+}
+
+/// Requests in the background until stopped: successes and failures at the client.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(url: &str, every: Duration) -> Load {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ok = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, o, f, url) = (stop.clone(), ok.clone(), failed.clone(), url.to_owned());
+        let task = tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while !s.load(Ordering::Relaxed) {
+                match chat(&http, &url, SCENARIO_KEY).await {
+                    Ok(200) => {
+                        o.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => f.lock().unwrap().push(format!("{other:?}")),
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        Load {
+            stop,
+            ok,
+            failed,
+            task,
+        }
+    }
+
+    fn ok(&self) -> u64 {
+        self.ok.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops and returns (successes, failures).
+    async fn finish(self) -> (u64, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap();
+        let failed = self.failed.lock().unwrap().clone();
+        (self.ok.load(std::sync::atomic::Ordering::Relaxed), failed)
+    }
+}
+
+/// The router's own cumulative successes for the scenario's provider (`GET /outcomes`).
+async fn router_successes(url: &str, ns: &str) -> u64 {
+    let report: Value = reqwest::get(format!("{url}/outcomes"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    report["providers"][format!("{ns}/e2e-mock")]["successes"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+async fn metric(url: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls the provider's status every 100 ms until `done` accepts it; returns it.
+async fn status_until(
+    s: &Scenario,
+    limit: Duration,
+    what: &str,
+    mut done: impl FnMut(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let status = s.provider_status();
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}; last status: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_traffic_before_the_operator_starts_is_counted_in_its_first_window() {
+    let _serial = serial().await;
+    let Some(kubeconfig) = cluster("the start scenario") else {
+        return;
+    };
+    let s = Scenario::new("start", &kubeconfig).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _router = s.router(port, &kubeconfig);
+    let served = until_served(&url, SCENARIO_KEY).await;
+    send(&url, 11).await;
+    let total = served + 11;
+    assert_eq!(router_successes(&url, &s.ns).await, total);
+
+    let started = tokio::time::Instant::now();
+    let _operator = s.operator("op-start", &url, false, free_port());
+    let status = status_until(
+        &s,
+        Duration::from_secs(INTERVAL_SECS + 15),
+        "the first window",
+        |st| counted_successes(st) > 0,
+    )
+    .await;
+    eprintln!(
+        "first window written {:?} after the operator started",
+        started.elapsed()
+    );
+    assert_eq!(counted_successes(&status), total, "{status}");
+    assert_eq!(
+        window_successes(&status),
+        total,
+        "the first window holds what the router served before the first scrape: {status}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(INTERVAL_SECS),
+        "the first tick runs at start, not one interval later ({:?})",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_operator_killed_and_restarted_mid_traffic_loses_no_outcome() {
+    let _serial = serial().await;
+    let Some(kubeconfig) = cluster("the restart scenario") else {
+        return;
+    };
+    let s = Scenario::new("restart", &kubeconfig).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _router = s.router(port, &kubeconfig);
+    until_served(&url, SCENARIO_KEY).await;
+    let load = Load::start(&url, Duration::from_millis(50));
+    let first = s.operator("op-restart", &url, false, free_port());
+    status_until(&s, Duration::from_secs(15), "a first count", |st| {
+        counted_successes(st) > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(INTERVAL_SECS + 1)).await;
+    // SIGKILL mid-traffic: no chance to write anything more.
+    drop(first);
+    let at_kill = s.provider_status();
+    let counted_at_kill = counted_successes(&at_kill);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let sent_while_down = load.ok();
+    let _second = s.operator("op-restart", &url, false, free_port());
+    let resumed = status_until(
+        &s,
+        Duration::from_secs(15),
+        "the restarted operator's window",
+        |st| counted_successes(st) != counted_at_kill,
+    )
+    .await;
+    let first_window = window_successes(&resumed);
+    assert_eq!(
+        first_window,
+        counted_successes(&resumed) - counted_at_kill,
+        "the restarted operator's first window starts where the killed one stopped: {resumed}"
+    );
+    assert!(
+        counted_successes(&resumed) >= sent_while_down.saturating_sub(1),
+        "everything sent while the operator was down is in its first window: {resumed}, sent {sent_while_down}"
+    );
+    let (ok, failed) = load.finish().await;
+    assert!(failed.is_empty(), "client errors: {failed:?}");
+    let total = router_successes(&url, &s.ns).await;
+    // The router's cumulative count includes the readiness request.
+    assert_eq!(total, ok + 1);
+    status_until(
+        &s,
+        Duration::from_secs(2 * INTERVAL_SECS + 5),
+        "every outcome counted",
+        |st| counted_successes(st) == total,
+    )
+    .await;
+    eprintln!(
+        "restart: {ok} requests, {counted_at_kill} counted at the kill, first window after restart {first_window}, all {total} counted"
+    );
+}
+
+fn lease_holder(s: &Scenario) -> Option<String> {
+    let out = kubectl(
         &[
-            "delete",
-            "-f",
-            repo.join("config/examples").to_str().unwrap(),
-            "--ignore-not-found",
-            "--wait=false",
+            "get",
+            "lease",
+            "switchyard-operator",
+            "-n",
+            &s.ns,
+            "-o",
+            "json",
         ],
         None,
     );
-    let _ = kubectl(
-        &["delete", "-f", "-", "--ignore-not-found", "--wait=false"],
-        Some(&objects),
+    out.status.success().then(|| {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_leadership_moves_on_a_real_lease_without_losing_outcomes() {
+    let _serial = serial().await;
+    let Some(kubeconfig) = cluster("the leader-election scenario") else {
+        return;
+    };
+    let s = Scenario::new("lease", &kubeconfig).await;
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _router = s.router(port, &kubeconfig);
+    until_served(&url, SCENARIO_KEY).await;
+    let load = Load::start(&url, Duration::from_millis(50));
+    let (ma, mb) = (free_port(), free_port());
+    let mut a = Some(s.operator("op-a", &url, true, ma));
+    let mut b = Some(s.operator("op-b", &url, true, mb));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        match lease_holder(&s).as_deref() {
+            Some("op-a") => break "op-a",
+            Some("op-b") => break "op-b",
+            _ => {}
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    status_until(
+        &s,
+        Duration::from_secs(15),
+        "the leader's first count",
+        |st| counted_successes(st) > 0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(INTERVAL_SECS + 1)).await;
+    let (leader_metrics, follower_metrics, follower) = if leader == "op-a" {
+        (ma, mb, "op-b")
+    } else {
+        (mb, ma, "op-a")
+    };
+    let written = "switchyard_operator_status_syncs_total{kind=\"LLMProvider\",result=\"written\"}";
+    let leader_url = format!("http://127.0.0.1:{leader_metrics}");
+    let follower_url = format!("http://127.0.0.1:{follower_metrics}");
+    assert!(metric(&leader_url, written).await > 0.0);
+    assert_eq!(
+        metric(&follower_url, written).await,
+        0.0,
+        "the follower writes nothing"
     );
-    mock.shutdown().await;
+    assert_eq!(
+        metric(&follower_url, "switchyard_operator_leader ").await,
+        0.0
+    );
+
+    // SIGKILL the leader: its Lease is not released and must expire.
+    let killed = tokio::time::Instant::now();
+    if leader == "op-a" {
+        drop(a.take());
+    } else {
+        drop(b.take());
+    }
+    let at_kill = counted_successes(&s.provider_status());
+    let deadline = killed + Duration::from_secs(30);
+    while lease_holder(&s).as_deref() != Some(follower) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{follower} never took the Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let takeover = killed.elapsed();
+    let after = status_until(
+        &s,
+        Duration::from_secs(15),
+        "the new leader's window",
+        |st| counted_successes(st) != at_kill,
+    )
+    .await;
+    assert_eq!(
+        window_successes(&after),
+        counted_successes(&after) - at_kill,
+        "the new leader's first window starts where the old one stopped: {after}"
+    );
+    assert!(
+        window_successes(&after) > 0,
+        "traffic sent during the takeover is counted: {after}"
+    );
+    assert!(
+        takeover <= Duration::from_secs(15 + 2),
+        "takeover took {takeover:?}, more than the 15 s lease duration"
+    );
+    assert!(metric(&follower_url, written).await > 0.0);
+    assert_eq!(
+        metric(&follower_url, "switchyard_operator_leader ").await,
+        1.0
+    );
+
+    // The status has one field manager, the operator's, through the status subresource.
+    let obj: Value = serde_json::from_str(&kubectl_ok(
+        &[
+            "get",
+            "llmprovider",
+            "e2e-mock",
+            "-n",
+            &s.ns,
+            "-o",
+            "json",
+            "--show-managed-fields",
+        ],
+        None,
+    ))
+    .unwrap();
+    let managers: Vec<(String, String)> = obj["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["subresource"] == "status")
+        .map(|m| {
+            (
+                m["manager"].as_str().unwrap_or("").to_owned(),
+                m["operation"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        managers,
+        [("switchyard-operator".to_owned(), "Apply".to_owned())],
+        "{}",
+        obj["metadata"]["managedFields"]
+    );
+
+    let (ok, failed) = load.finish().await;
+    assert!(failed.is_empty(), "client errors: {failed:?}");
+    let total = router_successes(&url, &s.ns).await;
+    assert_eq!(total, ok + 1);
+    status_until(
+        &s,
+        Duration::from_secs(2 * INTERVAL_SECS + 5),
+        "every outcome counted",
+        |st| counted_successes(st) == total,
+    )
+    .await;
+    eprintln!(
+        "leader change: {leader} killed, {follower} held the Lease after {takeover:?}; first window {} ; all {total} counted",
+        window_successes(&after)
+    );
+}
+
+/// A TCP forwarder to the API server that can be cut (every connection closed, nothing
+/// accepted) and restored on the same port: a router cut off from a server that stays up.
+struct Cut {
+    port: u16,
+    upstream: std::net::SocketAddr,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Cut {
+    async fn open(upstream: std::net::SocketAddr, port: u16) -> Cut {
+        let cut = Cut {
+            port,
+            upstream,
+            tasks: std::sync::Arc::default(),
+        };
+        cut.restore().await;
+        cut
+    }
+
+    async fn restore(&self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .unwrap();
+        let (upstream, tasks) = (self.upstream, self.tasks.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                tasks.lock().unwrap().push(conn);
+            }
+        });
+        self.tasks.lock().unwrap().push(accept);
+    }
+
+    fn cut(&self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+fn api_server_addr(kubeconfig: &str) -> std::net::SocketAddr {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .expect("a server: https://HOST:PORT line in the kubeconfig");
+    server
+        .trim_end_matches('/')
+        .parse()
+        .unwrap_or_else(|e| panic!("{server}: {e} (an IP:port server is needed for the cut)"))
+}
+
+fn set_tenant_key(s: &Scenario, key: &str) {
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: e2e-keys, namespace: {}}}\nstringData: {{default: {key}}}\n",
+        s.ns
+    );
+    kubectl_ok(&["apply", "-f", "-"], Some(&secret));
+}
+
+/// Waits until `key` is served and `old` refused with 401.
+async fn until_rotated(url: &str, key: &str, old: &str, limit: Duration) -> Duration {
+    let http = reqwest::Client::new();
+    let start = tokio::time::Instant::now();
+    loop {
+        let new_ok = chat(&http, url, key).await == Ok(200);
+        let old_refused = chat(&http, url, old).await == Ok(401);
+        if new_ok && old_refused {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the rotated key did not reach the router within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn router_messages(url: &str) -> String {
+    let status: Value = reqwest::get(format!("{url}/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    status["messages"].to_string()
+}
+
+/// Runs `../shared/kapi/<script>` and fails the test when it fails.
+fn kapi(script: &str) {
+    let path = kapi_dir().join(script);
+    let out = Command::new(&path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts the API server again if a failed test left it stopped.
+struct Restart;
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        if probe_cluster().is_err() {
+            let _ = Command::new(kapi_dir().join("up.sh"))
+                .stdin(Stdio::null())
+                .output();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_routers_fail_static_through_an_outage_and_catch_up_after_it() {
+    let _serial = serial().await;
+    let Some(kubeconfig) = cluster("the outage scenario") else {
+        return;
+    };
+    let s = Scenario::new("outage", &kubeconfig).await;
+    // The router reaches the API server through a forwarder the test can cut.
+    let cut = Cut::open(api_server_addr(&kubeconfig), free_port()).await;
+    let routed = s.dir.path().join("kubeconfig-cut");
+    let text = std::fs::read_to_string(&kubeconfig).unwrap().replace(
+        &format!("server: https://{}", cut.upstream),
+        &format!("server: https://127.0.0.1:{}", cut.port),
+    );
+    std::fs::write(&routed, text).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let router = s.router(port, routed.to_str().unwrap());
+    let router_pid = router.child.id();
+    let operator_metrics = free_port();
+    let _operator = s.operator("op-outage", &url, false, operator_metrics);
+    until_served(&url, SCENARIO_KEY).await;
+
+    // 1. Secret rotation reaches the running router.
+    let rotated = "sk-scenario-2";
+    set_tenant_key(&s, rotated);
+    let took = until_rotated(&url, rotated, SCENARIO_KEY, Duration::from_secs(15)).await;
+    eprintln!("secret rotation reached the router in {took:?}");
+
+    // 2. A real outage under load: the API server and etcd stop.
+    let _restart = Restart;
+    let load = LoadWith::start(&url, rotated);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped = tokio::time::Instant::now();
+    kapi("down.sh");
+    eprintln!(
+        "down.sh stopped the API server and etcd in {:?}",
+        stopped.elapsed()
+    );
+    assert!(probe_cluster().is_err(), "the API server still answers");
+    let deadline = stopped + Duration::from_secs(20);
+    loop {
+        let stale = metric(&url, "switchyard_config_stale_seconds").await;
+        let messages = router_messages(&url).await;
+        if stale > 0.0 && messages.contains("serving the last configuration") {
+            eprintln!(
+                "router reports staleness {:?} into the outage: {messages}",
+                stopped.elapsed()
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router never reported the outage: stale {stale}, messages {messages}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = load.ok();
+    kapi("up.sh");
+    let outage = stopped.elapsed();
+    let (ok, failed) = load.finish().await;
+    assert!(
+        failed.is_empty(),
+        "client errors during the outage: {failed:?}"
+    );
+    assert!(during > 10, "the load ran during the outage ({during})");
+    let op_url = format!("http://127.0.0.1:{operator_metrics}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while metric(&url, "switchyard_config_stale_seconds").await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router's watches never recovered: {}",
+            router_messages(&url).await
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let watch_errors = metric(&op_url, "switchyard_operator_watch_errors_total").await;
+    assert!(
+        watch_errors > 0.0,
+        "the operator counted no watch failure during the outage"
+    );
+    eprintln!(
+        "outage of {outage:?}: {ok} requests served, none failed; operator watch errors {watch_errors}"
+    );
+
+    // 3. Cut off from a server that stays up: a change made meanwhile reaches the router once
+    //    it is reconnected, and until then the last configuration keeps serving.
+    cut.cut();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after_cut = "sk-scenario-3";
+    set_tenant_key(&s, after_cut);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let http = reqwest::Client::new();
+    assert_eq!(
+        chat(&http, &url, rotated).await,
+        Ok(200),
+        "cut off, the router keeps its last configuration"
+    );
+    cut.restore().await;
+    let took = until_rotated(&url, after_cut, rotated, Duration::from_secs(30)).await;
+    eprintln!("the change made while cut off reached the router {took:?} after reconnection");
+    assert_eq!(
+        router.child.id(),
+        router_pid,
+        "the same router process throughout"
+    );
+}
+
+/// [`Load`] with another key.
+struct LoadWith;
+
+impl LoadWith {
+    fn start(url: &str, key: &str) -> Load {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ok = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
+        let (url, key) = (url.to_owned(), key.to_owned());
+        let task = tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while !s.load(Ordering::Relaxed) {
+                match chat(&http, &url, &key).await {
+                    Ok(200) => {
+                        o.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => f.lock().unwrap().push(format!("{other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Load {
+            stop,
+            ok,
+            failed,
+            task,
+        }
+    }
+}
+
+/// Kinds the API server serves, as (apiVersion, kind), from `kubectl api-resources`.
+fn served_kinds() -> std::collections::BTreeSet<(String, String)> {
+    let out = kubectl_ok(&["api-resources", "--no-headers"], None);
+    out.lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let kind = cols.last()?;
+            let version = cols.iter().rev().nth(2)?;
+            Some(((*version).to_owned(), (*kind).to_owned()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_accepts_the_charts_objects_by_server_side_dry_run() {
+    let _serial = serial().await;
+    let Some(_kubeconfig) = cluster("the chart dry-run") else {
+        return;
+    };
+    let python = std::env::var_os("SWITCHYARD_PYTHON")
+        .map_or_else(|| repo().join(".venv/bin/python"), PathBuf::from);
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/setup-venv.sh (the chart is rendered with helm-python-sdk)",
+        python.display()
+    );
+    let served = served_kinds();
+    for want in [
+        ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+        ("apps/v1", "Deployment"),
+        ("v1", "Service"),
+        ("v1", "ServiceAccount"),
+        ("v1", "ConfigMap"),
+        ("v1", "Secret"),
+    ] {
+        assert!(
+            served.contains(&(want.0.to_owned(), want.1.to_owned())),
+            "the server does not serve {want:?}: {served:?}"
+        );
+    }
+    let ns = format!("sy-chart-{}", std::process::id());
+    let guard = NamespaceGuard(ns.clone());
+    kubectl_ok(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"
+        )),
+    );
+    for values in ["default", "ha"] {
+        let out = Command::new(&python)
+            .arg(repo().join("tests/helm/render_chart.py"))
+            .args([values, &ns])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "render_chart.py {values}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let docs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let mut applied = std::collections::BTreeMap::<String, usize>::new();
+        let mut skipped = std::collections::BTreeSet::new();
+        for doc in &docs {
+            let key = (
+                doc["apiVersion"].as_str().unwrap().to_owned(),
+                doc["kind"].as_str().unwrap().to_owned(),
+            );
+            if !served.contains(&key) {
+                skipped.insert(format!("{}/{}", key.0, key.1));
+                continue;
+            }
+            let text = serde_json::to_string(doc).unwrap();
+            let got = kubectl(
+                &[
+                    "apply",
+                    "--server-side",
+                    "--dry-run=server",
+                    "--field-manager=chart-dry-run",
+                    "-n",
+                    &ns,
+                    "-f",
+                    "-",
+                ],
+                Some(&text),
+            );
+            assert!(
+                got.status.success(),
+                "{values}: the server refused {} {}: {}",
+                key.1,
+                doc["metadata"]["name"],
+                String::from_utf8_lossy(&got.stderr)
+            );
+            *applied.entry(key.1).or_default() += 1;
+        }
+        for kind in [
+            "CustomResourceDefinition",
+            "Deployment",
+            "Service",
+            "ServiceAccount",
+        ] {
+            assert!(
+                applied.get(kind).copied().unwrap_or(0) > 0,
+                "{values}: no {kind} in {applied:?}"
+            );
+        }
+        eprintln!("chart {values}: dry-run accepted {applied:?}; not served here: {skipped:?}");
+    }
+    drop(guard);
+}
+
+/// Deletes a namespace on drop.
+struct NamespaceGuard(String);
+
+impl Drop for NamespaceGuard {
+    fn drop(&mut self) {
+        let _ = kubectl(
+            &[
+                "delete",
+                "namespace",
+                &self.0,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
 }

@@ -405,6 +405,40 @@ pub struct LLMProviderStatus {
     /// The `metadata.generation` this status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// How far the operator's leader has counted each router replica's cumulative outcome
+    /// counters for this provider (`crate::outcomes`), written with the window they fed. A
+    /// leader that sees a replica for the first time (after its own start, a restart or a
+    /// leader change) counts from here instead of taking a baseline, so no outcome is lost;
+    /// a replica absent from the list was never counted and is counted from its start.
+    /// Entries are keyed by replica name and start time (routers outside a cluster on one host
+    /// share a name); replicas no longer listed by the router Service are dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["replica".into(), "startedAt".into()]))]
+    #[schemars(length(max = 1024))]
+    pub counted: Vec<ReplicaCounted>,
+}
+
+/// One router replica's counters for one provider as far as the leader has counted them
+/// (the figures of that replica's `GET /outcomes`, `crate::outcomes::ProviderOutcomes`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaCounted {
+    /// Replica identity as the router reports it (pod name, or host name outside a cluster).
+    #[schemars(length(min = 1, max = 253))]
+    pub replica: String,
+    /// The replica process's start time (RFC 3339, as the router reports it); another start
+    /// time means it restarted.
+    #[schemars(length(min = 1, max = 64))]
+    pub started_at: String,
+    /// Successful attempts counted.
+    #[serde(default)]
+    pub successes: u64,
+    /// Failed attempts counted, by error class name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub errors: std::collections::BTreeMap<String, u64>,
+    /// Cancelled attempts counted.
+    #[serde(default)]
+    pub cancelled: u64,
 }
 
 /// Outcome counts and score of one controller window.

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use switchyard_api::duration;
-use switchyard_api::provider::WindowStatus;
+use switchyard_api::provider::{ReplicaCounted, WindowStatus};
 use switchyard_api::{LLMProvider, RoutingPolicy};
 use switchyard_core::availability::{AvailabilityController, ControllerConfig};
 
@@ -101,12 +101,14 @@ impl ControlState {
     }
 
     /// One tick: steps the controller of every provider in `providers` with its window from
-    /// `windows` (no entry = an idle window) and drops the state of providers that are gone.
+    /// `windows` (no entry = an idle window), records `counted(key)` as how far that window
+    /// counted the replicas, and drops the state of providers that are gone.
     pub fn step(
         &mut self,
         providers: &[std::sync::Arc<LLMProvider>],
         policies: &[std::sync::Arc<RoutingPolicy>],
         windows: &BTreeMap<String, ProviderWindow>,
+        counted: impl Fn(&str) -> Vec<ReplicaCounted>,
         now: DateTime<Utc>,
     ) {
         let mut sorted: Vec<&RoutingPolicy> = policies.iter().map(|p| &**p).collect();
@@ -136,6 +138,7 @@ impl ControlState {
                         availability: controller.availability(),
                         window: None,
                         computed_at: None,
+                        counted: Vec::new(),
                     },
                     controller,
                 }
@@ -154,6 +157,7 @@ impl ControlState {
                     score: report.score,
                 }),
                 computed_at: Some(now),
+                counted: counted(&key),
             };
             seen.push(key);
         }
@@ -224,7 +228,7 @@ mod tests {
             policy("a", None, &["p"], Some("0.1")),
         ];
         let now = chrono::DateTime::<Utc>::UNIX_EPOCH;
-        state.step(&providers, &policies, &BTreeMap::new(), now);
+        state.step(&providers, &policies, &BTreeMap::new(), |_| Vec::new(), now);
         let cfg = ControllerConfig {
             target_error_rate: 0.1,
             ..ControllerConfig::default()
@@ -236,7 +240,7 @@ mod tests {
         assert_eq!(figures.window.as_ref().unwrap().score, 1.0);
         assert_eq!(figures.computed_at, Some(now));
         // A provider that is gone is forgotten.
-        state.step(&[], &policies, &BTreeMap::new(), now);
+        state.step(&[], &policies, &BTreeMap::new(), |_| Vec::new(), now);
         assert!(state.figures("ns/p").is_none());
     }
 }

@@ -120,9 +120,44 @@ fn error_policy<K: kube::Resource>(obj: Arc<K>, error: &Error, op: Arc<Operator>
     Action::requeue(wait)
 }
 
-async fn log_result<T, E: std::fmt::Display>(kind: &'static str, result: Result<T, E>) {
-    if let Err(e) = result {
-        tracing::debug!(kind, error = %e, "controller event");
+/// Reports one controller stream error: watch failures (the list or watch behind the cache;
+/// `410 Gone` means the watcher relists from scratch) at warn level and in
+/// `switchyard_operator_watch_errors_total{kind,reason}`; a reconcile for an object already
+/// gone at debug (expected); reconcile failures are reported by [`error_policy`].
+fn log_result<T>(
+    op: &Operator,
+    kind: &'static str,
+    result: Result<T, kube::runtime::controller::Error<Error, watcher::Error>>,
+) {
+    use kube::runtime::controller::Error as C;
+    match result {
+        Ok(_) => {}
+        Err(C::QueueError(e)) => watch_failed(op, kind, &e),
+        Err(C::ReconcilerFailed(..)) => {}
+        Err(e @ C::ObjectNotFound(_)) => tracing::debug!(kind, error = %e, "controller event"),
+        Err(e) => tracing::warn!(kind, error = %e, "controller runner error"),
+    }
+}
+
+/// The `reason` label of a watch error (`gone`: the watcher relists).
+pub fn watch_error_reason(e: &watcher::Error) -> &'static str {
+    match e {
+        watcher::Error::InitialListFailed(_) => "list_failed",
+        watcher::Error::WatchStartFailed(_) => "watch_start_failed",
+        watcher::Error::WatchError(status) if status.code == 410 => "gone",
+        watcher::Error::WatchError(_) => "watch_error",
+        watcher::Error::WatchFailed(_) => "watch_failed",
+        watcher::Error::NoResourceVersion => "no_resource_version",
+    }
+}
+
+fn watch_failed(op: &Operator, kind: &'static str, e: &watcher::Error) {
+    let reason = watch_error_reason(e);
+    op.metrics.watch_error(kind, reason);
+    if reason == "gone" {
+        tracing::warn!(kind, error = %e, "watch expired (410 Gone); relisting");
+    } else {
+        tracing::warn!(kind, reason, error = %e, "watch failed; retrying with backoff, serving from the cache meanwhile");
     }
 }
 
@@ -144,7 +179,7 @@ async fn index_secrets(
         let event = match event {
             Ok(e) => e,
             Err(e) => {
-                tracing::warn!(error = %e, "Secret watch failed; retrying with backoff");
+                watch_failed(&op, "Secret", &e);
                 continue;
             }
         };
@@ -249,14 +284,15 @@ where
         .is_ok_and(|r| r.is_ok())
 }
 
-/// The control loop: every interval, tick if leading.
-async fn control_loop(op: Arc<Operator>, fixed: Option<Duration>) {
+/// The control loop: a first tick as soon as the caches are synced (so the first window is taken
+/// from the start, resuming from the checkpoints in status rather than from empty caches), then
+/// every interval, and at once whenever this replica becomes the leader.
+async fn control_loop(op: Arc<Operator>, fixed: Option<Duration>, ready: Arc<AtomicBool>) {
+    while !ready.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut leader = op.leadership().subscribe();
     loop {
-        let period = fixed.unwrap_or_else(|| {
-            let policies = op.stores().policies.state();
-            control::interval(policies.iter().map(|p| &**p))
-        });
-        tokio::time::sleep(period).await;
         let report = op.tick().await;
         if report.ran && !report.collected.unreachable.is_empty() {
             tracing::warn!(
@@ -264,6 +300,27 @@ async fn control_loop(op: Arc<Operator>, fixed: Option<Duration>) {
                 reachable = report.collected.scraped.len(),
                 "some router replicas were not scraped this interval"
             );
+        }
+        let period = fixed.unwrap_or_else(|| {
+            let policies = op.stores().policies.state();
+            control::interval(policies.iter().map(|p| &**p))
+        });
+        let was = *leader.borrow_and_update();
+        let sleep = tokio::time::sleep(period);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => break,
+                changed = leader.changed() => {
+                    if changed.is_err() {
+                        (&mut sleep).await;
+                        break;
+                    }
+                    if *leader.borrow_and_update() && !was {
+                        break;
+                    }
+                }
+            }
         }
     }
 }
@@ -420,15 +477,33 @@ pub async fn run_with(
     let providers_run = providers_c
         .graceful_shutdown_on(shutdown.clone())
         .run(reconcile_provider, error_policy, op.clone())
-        .for_each(|r| log_result("LLMProvider", r));
+        .for_each({
+            let op = op.clone();
+            move |r| {
+                log_result(&op, "LLMProvider", r);
+                futures::future::ready(())
+            }
+        });
     let policies_run = policies_c
         .graceful_shutdown_on(shutdown.clone())
         .run(reconcile_policy, error_policy, op.clone())
-        .for_each(|r| log_result("RoutingPolicy", r));
+        .for_each({
+            let op = op.clone();
+            move |r| {
+                log_result(&op, "RoutingPolicy", r);
+                futures::future::ready(())
+            }
+        });
     let tenants_run = tenants_c
         .graceful_shutdown_on(shutdown.clone())
         .run(reconcile_tenant, error_policy, op.clone())
-        .for_each(|r| log_result("TenantQuota", r));
+        .for_each({
+            let op = op.clone();
+            move |r| {
+                log_result(&op, "TenantQuota", r);
+                futures::future::ready(())
+            }
+        });
 
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(index_secrets(
@@ -460,7 +535,7 @@ pub async fn run_with(
             }
         });
     }
-    tasks.spawn(control_loop(op.clone(), options.interval));
+    tasks.spawn(control_loop(op.clone(), options.interval, ready.clone()));
     if options.probes {
         let probing = op.clone();
         tasks.spawn(async move { probing.run_probes().await });

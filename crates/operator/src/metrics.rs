@@ -20,6 +20,16 @@ pub struct KindResult {
     pub result: String,
 }
 
+/// Labels `kind`, `reason` (of a watch failure).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindReason {
+    /// `LLMProvider`, `RoutingPolicy`, `TenantQuota` or `Secret`.
+    pub kind: String,
+    /// `list_failed`, `watch_start_failed`, `gone` (410: the watcher relists), `watch_error`,
+    /// `watch_failed` or `no_resource_version`.
+    pub reason: String,
+}
+
 /// Label `replica` (a router address).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReplicaLabel {
@@ -58,6 +68,8 @@ pub struct Metrics {
     pub replicas: Family<StateLabel, Gauge>,
     /// Availability per provider as last computed.
     pub availability: Family<ProviderLabel, Gauge<f64, AtomicU64>>,
+    /// Watch failures by kind and reason (`gone` = 410, the watcher relists).
+    pub watch_errors: Family<KindReason, Counter>,
 }
 
 impl Default for Metrics {
@@ -106,7 +118,14 @@ impl Metrics {
             "Availability per LLMProvider as last computed",
             availability.clone(),
         );
+        let watch_errors = Family::<KindReason, Counter>::default();
+        registry.register(
+            "watch_errors",
+            "Watch failures by kind and reason (gone: 410 after compaction, the cache relists)",
+            watch_errors.clone(),
+        );
         Metrics {
+            watch_errors,
             registry,
             leader,
             syncs,
@@ -123,6 +142,16 @@ impl Metrics {
             .get_or_create(&KindResult {
                 kind: kind.to_owned(),
                 result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one watch failure of `kind`.
+    pub fn watch_error(&self, kind: &str, reason: &str) {
+        self.watch_errors
+            .get_or_create(&KindReason {
+                kind: kind.to_owned(),
+                reason: reason.to_owned(),
             })
             .inc();
     }

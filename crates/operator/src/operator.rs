@@ -8,7 +8,7 @@
 //! every write carries the object's *whole* status, the two writers never undo each other's
 //! fields under the one field manager.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -22,13 +22,14 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use switchyard_api::common::{condition, field_manager, reason};
+use switchyard_api::provider::ReplicaCounted;
 use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota};
 
 use crate::control::ControlState;
 use crate::error::Error;
 use crate::leader::Leadership;
 use crate::metrics::{Metrics, ProviderLabel, ReplicaLabel, StateLabel};
-use crate::outcomes::{Collected, Collector, Targets, discover};
+use crate::outcomes::{Checkpoints, Collected, Collector, Targets, discover};
 use crate::probes::Probes;
 use crate::status::{
     availability_of, degraded_flag, key_of, needs_write, policy_status, provider_status,
@@ -283,7 +284,7 @@ impl Operator {
     }
 
     /// Forgets the control loop's state (on losing leadership; the next term resumes from
-    /// the stored status and starts scraping from baselines).
+    /// the stored status and its `status.counted` checkpoints).
     pub async fn step_down(&self) {
         lock(&self.control).clear();
         lock(&self.recent).clear();
@@ -544,7 +545,10 @@ impl Operator {
                 Vec::new()
             }
         };
-        let collected = self.collector.lock().await.collect(&addresses, now).await;
+        let providers = self.stores.providers.state();
+        let checkpoints = checkpoints(&providers);
+        let mut collector = self.collector.lock().await;
+        let collected = collector.collect(&addresses, &checkpoints).await;
         for address in collected.unreachable.keys() {
             self.metrics
                 .scrape_failures
@@ -567,9 +571,15 @@ impl Operator {
                 state: "unreachable".to_owned(),
             })
             .set(unreachable);
-        let providers = self.stores.providers.state();
         let policies = self.stores.policies.state();
-        lock(&self.control).step(&providers, &policies, &collected.providers, now);
+        lock(&self.control).step(
+            &providers,
+            &policies,
+            &collected.providers,
+            |key| collector.counted(key),
+            now,
+        );
+        drop(collector);
         self.metrics.ticks.inc();
         let verdicts = self.verdicts();
         for p in &providers {
@@ -601,6 +611,24 @@ impl Operator {
         report.collected = collected;
         report
     }
+}
+
+/// The `status.counted` of every provider, by provider key and replica name.
+fn checkpoints(providers: &[Arc<LLMProvider>]) -> Checkpoints {
+    providers
+        .iter()
+        .filter_map(|p| {
+            let status = p.status.as_ref()?;
+            let mut by_replica: BTreeMap<String, Vec<ReplicaCounted>> = BTreeMap::new();
+            for c in &status.counted {
+                by_replica
+                    .entry(c.replica.clone())
+                    .or_default()
+                    .push(c.clone());
+            }
+            Some((key_of(&**p), by_replica))
+        })
+        .collect()
 }
 
 fn names<K: Resource>(o: &K) -> (String, String) {

@@ -5,17 +5,28 @@
 //!
 //! ```text
 //! per replica r (keyed by its address):
-//!   first sight:  delta = counters        if startedAt > previous tick (it started in this window)
-//!                 delta = 0               otherwise (baseline: its past belongs to earlier windows)
+//!   first sight:  delta = counters − checkpoint   when the provider's status.counted has r
+//!                                                 (same replica name and startedAt, no counter
+//!                                                 below it): what the previous leader, or this
+//!                                                 process before a restart, already counted
+//!                 delta = counters                otherwise (never counted, or restarted since)
 //!   same process: delta = counters − last (per provider, per class)
 //!   reset:        delta = counters        (startedAt or replica name changed, or any counter went down)
 //!   unreachable:  skipped, its last report kept, so the next good scrape's delta covers both
 //!                 windows; reported in the result, a log line and a metric
 //! window(provider) = Σ_r delta_r(provider)
+//! checkpoint(provider) = every listed replica's last report for it, written to
+//!                        status.counted together with the window it fed
 //! ```
 //!
-//! Cumulative counters with a kept baseline lose nothing on a missed scrape; only the traffic a
-//! replica served between its last scrape and its removal is lost (at most one interval).
+//! The checkpoint goes into the same status write as the window, so the stored availability and
+//! the stored "counted up to" always agree: a write that fails loses neither half alone, and a
+//! new leader (or a restarted operator) resumes from both. Before checkpoints, a first sight was
+//! a baseline and everything a replica served before the first scrape of a term was lost.
+//!
+//! Cumulative counters with a kept checkpoint lose nothing on a missed scrape or a change of
+//! leader; only the traffic a replica served between its last scrape and its removal is lost (at
+//! most one interval).
 //! Provider-side errors are the classes `ErrorClass::is_provider_side` accepts (everything but
 //! `request` and `deadline`); unknown class names are ignored so a newer router can add classes.
 //!
@@ -26,12 +37,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 use futures::future::join_all;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client};
 use switchyard_api::outcomes::{OUTCOMES_PATH, OutcomeReport, ProviderOutcomes};
+use switchyard_api::provider::ReplicaCounted;
 use switchyard_core::availability::WindowCounts;
 use switchyard_core::classify::ErrorClass;
 
@@ -156,11 +168,11 @@ fn is_provider_side(class: &str) -> bool {
 pub enum ReplicaState {
     /// Seen before; the delta since the last scrape was counted.
     Continued,
-    /// First sight, started before the previous tick: a baseline, nothing counted.
-    Baseline,
-    /// First sight, started during this window: everything counted.
+    /// First sight, and a checkpoint in status covered it: the delta since it was counted.
+    Resumed,
+    /// First sight without a checkpoint (never counted): everything since its start counted.
     Started,
-    /// Restarted since the last scrape: the new counters were counted.
+    /// Restarted since the last scrape or checkpoint: the new counters were counted.
     Reset,
 }
 
@@ -175,12 +187,15 @@ pub struct Collected {
     pub unreachable: BTreeMap<String, String>,
 }
 
+/// Checkpoints read from status: provider key (`namespace/name`) → replica name → counted
+/// (one entry per process of that name: start times differ).
+pub type Checkpoints = BTreeMap<String, BTreeMap<String, Vec<ReplicaCounted>>>;
+
 /// Scrapes replicas and keeps the last report of each (see the module docs).
 #[derive(Debug)]
 pub struct Collector {
     http: reqwest::Client,
     last: HashMap<String, OutcomeReport>,
-    previous_tick: Option<DateTime<Utc>>,
 }
 
 /// How long one scrape may take.
@@ -194,10 +209,48 @@ fn reset(prev: &OutcomeReport, cur: &OutcomeReport) -> bool {
         let Some(c) = cur.providers.get(key) else {
             return p.successes > 0 || p.cancelled > 0 || p.errors.values().any(|n| *n > 0);
         };
-        c.successes < p.successes
-            || c.cancelled < p.cancelled
-            || p.errors.iter().any(|(class, n)| c.errors_of(class) < *n)
+        went_down(p, c)
     })
+}
+
+fn went_down(prev: &ProviderOutcomes, cur: &ProviderOutcomes) -> bool {
+    cur.successes < prev.successes
+        || cur.cancelled < prev.cancelled
+        || prev
+            .errors
+            .iter()
+            .any(|(class, n)| cur.errors_of(class) < *n)
+}
+
+/// The counters a checkpoint holds, when it belongs to the process that sent `report`.
+fn resumable(checkpoint: &ReplicaCounted, report: &OutcomeReport) -> Option<ProviderOutcomes> {
+    let started = DateTime::parse_from_rfc3339(&checkpoint.started_at).ok()?;
+    (checkpoint.replica == report.replica && started == report.started_at).then(|| {
+        ProviderOutcomes {
+            successes: checkpoint.successes,
+            errors: checkpoint.errors.clone(),
+            cancelled: checkpoint.cancelled,
+            in_flight: 0,
+        }
+    })
+}
+
+/// The checkpoint entry for one replica's counters of one provider.
+pub fn counted(report: &OutcomeReport, counters: &ProviderOutcomes) -> ReplicaCounted {
+    ReplicaCounted {
+        replica: report.replica.clone(),
+        started_at: report
+            .started_at
+            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        successes: counters.successes,
+        errors: counters
+            .errors
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(c, n)| (c.clone(), *n))
+            .collect(),
+        cancelled: counters.cancelled,
+    }
 }
 
 fn minus(cur: &ProviderOutcomes, prev: Option<&ProviderOutcomes>) -> ProviderOutcomes {
@@ -230,43 +283,73 @@ impl Collector {
         Collector {
             http,
             last: HashMap::new(),
-            previous_tick: None,
         }
     }
 
-    /// Forgets every replica (on losing leadership: a later term starts from baselines).
+    /// Forgets every replica (on losing leadership: a later term resumes from checkpoints).
     pub fn clear(&mut self) {
         self.last.clear();
-        self.previous_tick = None;
     }
 
     /// Takes one replica's report into `into` and remembers it; pure apart from `self`.
-    pub fn absorb(&mut self, address: &str, report: OutcomeReport, into: &mut Collected) {
+    /// `checkpoints` are consulted only on first sight of `address`.
+    pub fn absorb(
+        &mut self,
+        address: &str,
+        report: OutcomeReport,
+        checkpoints: &Checkpoints,
+        into: &mut Collected,
+    ) {
         let state = match self.last.get(address) {
-            Some(prev) if reset(prev, &report) => ReplicaState::Reset,
-            Some(_) => ReplicaState::Continued,
-            None => match self.previous_tick {
-                Some(tick) if report.started_at > tick => ReplicaState::Started,
-                _ => ReplicaState::Baseline,
-            },
-        };
-        if state != ReplicaState::Baseline {
-            let prev = match state {
-                ReplicaState::Continued => self.last.get(address),
-                _ => None,
-            };
-            for (key, counters) in &report.providers {
-                let delta = minus(counters, prev.and_then(|p| p.providers.get(key)));
-                into.providers.entry(key.clone()).or_default().add(&delta);
+            Some(prev) if reset(prev, &report) => {
+                for (key, counters) in &report.providers {
+                    into.providers.entry(key.clone()).or_default().add(counters);
+                }
+                ReplicaState::Reset
             }
-        }
+            Some(prev) => {
+                for (key, counters) in &report.providers {
+                    let delta = minus(counters, prev.providers.get(key));
+                    into.providers.entry(key.clone()).or_default().add(&delta);
+                }
+                ReplicaState::Continued
+            }
+            None => {
+                let mut state = ReplicaState::Started;
+                for (key, counters) in &report.providers {
+                    let entries = checkpoints
+                        .get(key)
+                        .and_then(|by_replica| by_replica.get(&report.replica));
+                    let checkpoint =
+                        entries.map(|all| all.iter().find_map(|c| resumable(c, &report)));
+                    let base = match checkpoint {
+                        Some(Some(base)) if !went_down(&base, counters) => {
+                            state = ReplicaState::Resumed;
+                            Some(base)
+                        }
+                        // Another process of the same replica name, or counters below the
+                        // checkpoint: restarted since it was counted.
+                        Some(_) => {
+                            if state == ReplicaState::Started {
+                                state = ReplicaState::Reset;
+                            }
+                            None
+                        }
+                        None => None,
+                    };
+                    let delta = minus(counters, base.as_ref());
+                    into.providers.entry(key.clone()).or_default().add(&delta);
+                }
+                state
+            }
+        };
         into.scraped.insert(address.to_owned(), state);
         self.last.insert(address.to_owned(), report);
     }
 
-    /// Scrapes every address concurrently and returns the window's counts; `now` becomes the
-    /// previous tick of the next round. Replicas no longer listed are forgotten.
-    pub async fn collect(&mut self, addresses: &[String], now: DateTime<Utc>) -> Collected {
+    /// Scrapes every address concurrently and returns the window's counts. Replicas no longer
+    /// listed are forgotten; `checkpoints` (from status) resume replicas seen for the first time.
+    pub async fn collect(&mut self, addresses: &[String], checkpoints: &Checkpoints) -> Collected {
         let fetches = addresses.iter().map(|address| {
             let url = format!("{}{OUTCOMES_PATH}", address.trim_end_matches('/'));
             let http = self.http.clone();
@@ -283,7 +366,7 @@ impl Collector {
         let mut out = Collected::default();
         for (address, result) in results {
             match result {
-                Ok(report) => self.absorb(&address, report, &mut out),
+                Ok(report) => self.absorb(&address, report, checkpoints, &mut out),
                 Err(e) => {
                     tracing::warn!(replica = %address, error = %e, "router replica unreachable; skipped this interval");
                     out.unreachable.insert(address, e.to_string());
@@ -291,12 +374,20 @@ impl Collector {
             }
         }
         self.last.retain(|address, _| addresses.contains(address));
-        self.previous_tick = Some(now);
         out
     }
 
-    /// Sets the time of the previous tick (tests, and a collector resumed mid-term).
-    pub fn set_previous_tick(&mut self, at: Option<DateTime<Utc>>) {
-        self.previous_tick = at;
+    /// The checkpoint of provider `key`: every remembered replica's counters for it, sorted by
+    /// replica name and start time (what goes into `status.counted`).
+    pub fn counted(&self, key: &str) -> Vec<ReplicaCounted> {
+        let mut out: Vec<ReplicaCounted> = self
+            .last
+            .values()
+            .filter_map(|r| r.providers.get(key).map(|c| counted(r, c)))
+            .collect();
+        out.sort_by(|a, b| (&a.replica, &a.started_at).cmp(&(&b.replica, &b.started_at)));
+        // Two addresses reporting one process (the same name and start) would repeat a key.
+        out.dedup_by(|a, b| a.replica == b.replica && a.started_at == b.started_at);
+        out
     }
 }

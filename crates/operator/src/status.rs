@@ -48,6 +48,8 @@ pub struct ProviderFigures {
     pub window: Option<WindowStatus>,
     /// When the control tick that produced these figures ran.
     pub computed_at: Option<DateTime<Utc>>,
+    /// How far every router replica was counted for this window (`status.counted`).
+    pub counted: Vec<switchyard_api::provider::ReplicaCounted>,
 }
 
 /// A wall-clock time as a Kubernetes `Time` (whole milliseconds, as the router writes it).
@@ -167,17 +169,19 @@ pub fn provider_status(
     let current = p.status.clone().unwrap_or_default();
     let generation = p.metadata.generation;
     let availability = round(availability_of(p, figures));
-    let (last_window, last_update_time) = match figures {
+    let (last_window, last_update_time, counted) = match figures {
         Some(f) if f.window.is_some() => (
             f.window.clone().map(|w| WindowStatus {
                 score: round(w.score),
                 ..w
             }),
             f.computed_at.map(time),
+            f.counted.clone(),
         ),
         _ => (
             current.last_window.clone(),
             current.last_update_time.clone(),
+            current.counted.clone(),
         ),
     };
     let conditions = vec![
@@ -203,6 +207,7 @@ pub fn provider_status(
         last_update_time,
         conditions,
         observed_generation: generation,
+        counted,
     }
 }
 

@@ -165,16 +165,15 @@ async fn tick_with_outcomes_patches_availability_weights_conditions_and_generati
     let router = FakeRouter::start("router-0", "2026-11-30T11:00:00Z").await;
     let (mut h, now) = two_provider_setup(Targets::Static(vec![router.url()])).await;
 
-    // Tick 1: the replica is a baseline (it started before this operator's first tick).
+    // Tick 1: a replica no checkpoint covers was never counted: everything it served since
+    // its start goes into the first window (nothing is lost before the first scrape).
     router.set("team-a/p-a", 500, &[]);
     router.set("team-a/p-b", 500, &[]);
     let report = h.op.tick().await;
     assert!(report.ran);
     assert_eq!(report.collected.scraped.len(), 1);
-    assert!(
-        report.collected.providers.is_empty(),
-        "a baseline counts nothing"
-    );
+    assert_eq!(report.collected.providers["team-a/p-a"].successes, 500);
+    assert_eq!(report.collected.providers["team-a/p-b"].successes, 500);
     let writes = h.fake.writes();
     assert_eq!(writes.len(), 3, "one status patch per object: {writes:?}");
     for w in &writes {
@@ -189,11 +188,22 @@ async fn tick_with_outcomes_patches_availability_weights_conditions_and_generati
         let body = w.body.as_ref().unwrap();
         assert_eq!(body["apiVersion"], "switchyard.dev/v1alpha1");
     }
+    let mut expected_a = AvailabilityController::new(ControllerConfig::default());
+    let first = expected_a.step(WindowCounts {
+        successes: 500,
+        provider_errors: 0,
+    });
     let pa = last_status(&h.fake, &provider_path("p-a"));
-    assert_eq!(pa["availability"], json!(1.0));
+    assert_eq!(pa["availability"], json!(round(first.availability)));
     assert_eq!(
         pa["lastWindow"],
-        json!({"successes": 0, "errors": 0, "score": 1.0})
+        json!({"successes": 500, "errors": 0, "score": round(first.score)})
+    );
+    // How far router-0 was counted, written with the window it fed.
+    assert_eq!(
+        pa["counted"],
+        json!([{"replica": "router-0", "startedAt": "2026-11-30T11:00:00Z",
+            "successes": 500, "cancelled": 0}])
     );
     assert_eq!(pa["observedGeneration"], 1);
     assert_eq!(cond(&pa, "Ready")["status"], "True");
@@ -226,8 +236,6 @@ async fn tick_with_outcomes_patches_availability_weights_conditions_and_generati
     );
     assert_eq!(report.collected.providers["team-a/p-b"].successes, 100);
 
-    let mut expected_a = AvailabilityController::new(ControllerConfig::default());
-    expected_a.step(WindowCounts::default());
     let step = expected_a.step(WindowCounts {
         successes: 0,
         provider_errors: 100,

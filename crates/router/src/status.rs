@@ -242,6 +242,7 @@ pub fn snapshot(app: &App) -> StatusDocument {
                     last_update_time: window.report.map(|_| time(now)),
                     conditions,
                     observed_generation: p.generation,
+                    counted: Vec::new(),
                 },
             }
         })
