@@ -584,8 +584,14 @@ impl Judge {
             let refs = p.spec.credentials.iter().flat_map(|c| {
                 [
                     ("spec.credentials.secretRef", Some(&c.secret_ref)),
-                    ("spec.credentials.accessKeyIdRef", c.access_key_id_ref.as_ref()),
-                    ("spec.credentials.sessionTokenRef", c.session_token_ref.as_ref()),
+                    (
+                        "spec.credentials.accessKeyIdRef",
+                        c.access_key_id_ref.as_ref(),
+                    ),
+                    (
+                        "spec.credentials.sessionTokenRef",
+                        c.session_token_ref.as_ref(),
+                    ),
                 ]
             });
             for (field, r) in refs {
@@ -977,7 +983,13 @@ mod tests {
     #[test]
     fn a_rejected_edit_serves_the_last_accepted_version_and_dependents_stay_ready() {
         let mut judge = Judge::default();
-        assert!(judge.judge(&world(policy(1, "60s"))).verdicts.all().is_empty());
+        assert!(
+            judge
+                .judge(&world(policy(1, "60s")))
+                .verdicts
+                .all()
+                .is_empty()
+        );
         let j = judge.judge(&world(policy(2, "soon")));
         let v = &j.verdicts;
         assert!(v.rejected("RoutingPolicy", "ns", "r"));
@@ -990,7 +1002,11 @@ mod tests {
         assert_eq!(j.served.policies[0].metadata.generation, Some(1));
         assert!(v.problems("TenantQuota", "ns", "t").is_empty());
         assert!(v.problems("TenantQuota", "ns", "child").is_empty());
-        assert!(j.notes.iter().any(|n| n.contains("generation 1")), "{:?}", j.notes);
+        assert!(
+            j.notes.iter().any(|n| n.contains("generation 1")),
+            "{:?}",
+            j.notes
+        );
         // The fix is accepted and remembered.
         let j = judge.judge(&world(policy(3, "30s")));
         assert!(j.verdicts.all().is_empty());
@@ -1001,16 +1017,18 @@ mod tests {
     fn an_unreadable_secret_api_is_its_own_reason_naming_the_permission() {
         let mut w = world(policy(1, "60s"));
         w.secrets = SecretIndex::default();
-        w.secrets.set_access(SecretAccess::Unreadable(secrets_unreadable(
-            Some("ns"),
-            403,
-            "secrets is forbidden",
-        )));
+        w.secrets
+            .set_access(SecretAccess::Unreadable(secrets_unreadable(
+                Some("ns"),
+                403,
+                "secrets is forbidden",
+            )));
         let j = Judge::default().judge(&w);
         let p = j.verdicts.problems("LLMProvider", "ns", "p");
         assert_eq!(p[0].reason, reason::SECRETS_FORBIDDEN);
         assert!(
-            p[0].message.contains("grant the service account get/list/watch on secrets"),
+            p[0].message
+                .contains("grant the service account get/list/watch on secrets"),
             "{}",
             p[0].message
         );

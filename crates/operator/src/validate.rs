@@ -27,8 +27,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use switchyard_api::common::{SecretKeyRef, reason};
     use switchyard_api::LLMProvider;
+    use switchyard_api::common::{SecretKeyRef, reason};
 
     fn provider(value: serde_json::Value) -> Arc<LLMProvider> {
         Arc::new(serde_json::from_value(value).unwrap())
