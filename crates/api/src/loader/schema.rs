@@ -92,6 +92,9 @@ impl Validators {
     }
 }
 
+/// 2^63 as a float: int64 holds −2^63 up to (not including) 2^63.
+const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+
 /// Integral floats (`10.0`, `1e3`) become integers, as the API server's JSON decoding does
 /// before validating (an `integer` field given `10.0` is accepted and stored as `10`);
 /// floats with a fraction stay and fail an `integer` schema as they do there.
@@ -100,8 +103,7 @@ pub(crate) fn normalize_numbers(value: &mut Value) {
         Value::Number(n) if n.is_f64() => {
             if let Some(f) = n.as_f64()
                 && f.fract() == 0.0
-                && f >= -9.223_372_036_854_775e18
-                && f <= 9.223_372_036_854_775e18
+                && (-TWO_POW_63..TWO_POW_63).contains(&f)
             {
                 *value = Value::from(f as i64);
             }
@@ -118,8 +120,9 @@ fn int64_range(value: &Value, path: &mut String, out: &mut Vec<Problem>) {
     match value {
         Value::Number(n) => {
             let too_big = n.as_u64().is_some_and(|u| i64::try_from(u).is_err())
-                || n.as_f64()
-                    .is_some_and(|f| n.is_f64() && f.fract() == 0.0 && f.abs() >= 9.2e18);
+                || n.as_f64().is_some_and(|f| {
+                    n.is_f64() && f.fract() == 0.0 && !(-TWO_POW_63..TWO_POW_63).contains(&f)
+                });
             if too_big {
                 out.push(Problem {
                     field: Some(path.clone()).filter(|p| !p.is_empty()),
@@ -409,9 +412,14 @@ mod tests {
 
     #[test]
     fn integral_floats_become_integers_and_int64_bounds_hold() {
-        let mut v = serde_json::json!({"a": 10.0, "b": [2.5, 1e3], "c": -4.0});
+        let mut v = serde_json::json!({"a": 10.0, "b": [2.5, 1e3], "c": -4.0,
+            "edge": 9_223_372_036_854_775_808.0});
         normalize_numbers(&mut v);
-        assert_eq!(v, serde_json::json!({"a": 10, "b": [2.5, 1000], "c": -4}));
+        assert_eq!(
+            v,
+            serde_json::json!({"a": 10, "b": [2.5, 1000], "c": -4,
+                "edge": 9_223_372_036_854_775_808.0})
+        );
         assert!(v["a"].is_i64());
         let mut out = Vec::new();
         let v = serde_json::json!({"spec": {"limits": [{"amount": 9223372036854775808u64}],
