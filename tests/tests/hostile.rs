@@ -331,6 +331,74 @@ async fn body_framing_errors_have_their_own_status_and_shape() {
     assert_eq!(stack.chat(MODEL, None).await.status, 200);
 }
 
+/// Item 7: the errors hyper answers itself, before any handler runs, carry a JSON body in the
+/// OpenAI shape and close the connection (before: a bare head with `content-length: 0`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_errors_have_json_bodies() {
+    let _g = serial().await;
+    let stack = Stack::start(one_provider()).await;
+    let addr = stack.router.addr;
+    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    let many_headers = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..200)
+            .map(|i| format!("X-H{i}: v\r\n"))
+            .collect::<String>()
+    );
+    let cases: [(&str, Vec<u8>, u16, &str); 5] = [
+        (
+            "Content-Length not a number",
+            chat_head("Content-Length: abc\r\n").into_bytes(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "two different Content-Lengths",
+            chat_head("Content-Length: 2\r\nContent-Length: 3\r\n").into_bytes(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a control byte in a header name",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-\x01Bad: v\r\n\r\n".to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "too many headers",
+            many_headers.into_bytes(),
+            431,
+            "request_header_fields_too_large",
+        ),
+        (
+            "a 70 KB request target",
+            long_uri.into_bytes(),
+            414,
+            "uri_too_long",
+        ),
+    ];
+    for (what, request, want_status, want_code) in cases {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&request).await.unwrap();
+        let (status, body) = read_response(&mut c, Duration::from_secs(5)).await;
+        assert_eq!(status, want_status, "{what}: {body}");
+        let v: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{what}: {e}: {body:?}"));
+        assert_eq!(v["error"]["code"], want_code, "{what}: {body}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+        assert!(
+            closed_within(&mut c, Duration::from_secs(5)).await,
+            "{what}: connection left open"
+        );
+    }
+    // Well-formed requests are untouched.
+    assert_eq!(stack.chat(MODEL, None).await.status, 200);
+}
+
 /// Item 6: an OpenAI request with parameters Anthropic has no equivalent for is refused with
 /// 400 naming them (before: 200 with them silently ignored); a route with
 /// `lossyTranslation: true` serves it and lists what was dropped in a header.

@@ -153,6 +153,12 @@ pub mod reason {
     pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
     /// A referenced Secret could not be read.
     pub const SECRET_UNAVAILABLE: &str = "SecretUnavailable";
+    /// The Secret API cannot be read at all (listing or watching Secrets was refused, 403 or
+    /// 404): the service account lacks get/list/watch on secrets. Not the same as a Secret
+    /// that does not exist.
+    pub const SECRETS_FORBIDDEN: &str = "SecretsForbidden";
+    /// The Secret cache has not completed its first list; nothing is said about Secrets yet.
+    pub const SECRETS_SYNCING: &str = "SecretsSyncing";
     /// Availability fell below the degraded threshold.
     /// The provider's settings cannot work with its API (a region that is not a region
     /// name, no project, an endpoint that is not a URL, keys that do not parse).

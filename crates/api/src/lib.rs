@@ -17,6 +17,7 @@ pub mod outcomes;
 pub mod policy;
 pub mod provider;
 pub mod tenant;
+pub mod verdict;
 
 pub use common::{Limit, LimitDimension, LimitRule, SecretKeyRef};
 pub use policy::{RoutingPolicy, RoutingPolicySpec, RoutingPolicyStatus};

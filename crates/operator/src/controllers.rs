@@ -40,6 +40,7 @@ use crate::leader::Leadership;
 use crate::operator::{Operator, Settings, Stores, Synced, system_clock};
 use crate::outcomes::Targets;
 use crate::status::key_of;
+use crate::validate::SecretAccess;
 
 /// Periodic resync of every object, so anything a trigger missed converges.
 pub const RESYNC: Duration = Duration::from_secs(300);
@@ -164,13 +165,19 @@ fn watch_failed(op: &Operator, kind: &'static str, e: &watcher::Error) {
 /// Keeps the Secret index current from a watch on Secrets (values are dropped at once, unless
 /// probes run: they need credentials, [`crate::probes`]) and
 /// bumps `changed` whenever a key set appears, changes or goes.
+///
+/// Until the first list completes the index says `Syncing` and no status is written. When the
+/// list is refused (403 from RBAC, or 404) the index says `Unreadable` with the permission
+/// needed, so objects that reference Secrets report `SecretsForbidden` rather than a Secret
+/// "not found"; readiness is reported then too (the operator is up, it reports the fault).
 async fn index_secrets(
     api: Api<Secret>,
+    namespace: Option<String>,
     op: Arc<Operator>,
     changed: watch::Sender<u64>,
     ready: Arc<AtomicBool>,
 ) {
-    let mut buffer: Vec<(String, String, Vec<String>)> = Vec::new();
+    let mut buffer: Vec<SecretEntry> = Vec::new();
     // Values, kept only when probes run (they need the credentials); dropped otherwise.
     let mut value_buffer: BTreeMap<(String, String), BTreeMap<String, String>> = BTreeMap::new();
     let keep_values = op.probes_enabled();
@@ -180,6 +187,15 @@ async fn index_secrets(
             Ok(e) => e,
             Err(e) => {
                 watch_failed(&op, "Secret", &e);
+                if let Some(message) = refusal(&e, namespace.as_deref())
+                    && op.update_secrets(|index| {
+                        !matches!(index.access(), SecretAccess::Synced)
+                            && index.set_access(SecretAccess::Unreadable(message))
+                    })
+                {
+                    ready.store(true, Ordering::Relaxed);
+                    changed.send_modify(|n| *n = n.wrapping_add(1));
+                }
                 continue;
             }
         };
@@ -189,8 +205,14 @@ async fn index_secrets(
                 s.name_any(),
                 s.data
                     .iter()
-                    .flat_map(|d| d.keys().cloned())
-                    .chain(s.string_data.iter().flat_map(|d| d.keys().cloned()))
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), !v.0.is_empty()))
+                    .chain(
+                        s.string_data
+                            .iter()
+                            .flatten()
+                            .map(|(k, v)| (k.clone(), !v.is_empty())),
+                    )
                     .collect::<Vec<_>>(),
             )
         };
@@ -216,6 +238,7 @@ async fn index_secrets(
                 ready.store(true, Ordering::Relaxed);
                 op.update_secrets(|index| {
                     let mut next = crate::validate::SecretIndex::default();
+                    next.set_access(SecretAccess::Synced);
                     for (ns, name, keys) in fresh {
                         next.insert(&ns, &name, keys);
                     }
@@ -238,6 +261,25 @@ async fn index_secrets(
             changed.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
+}
+
+/// A Secret as the index keeps it: namespace, name, and each key with whether its value is
+/// non-empty.
+type SecretEntry = (String, String, Vec<(String, bool)>);
+
+/// The message for a Secret list or watch the API server refused (403 or 404), naming the
+/// permission; `None` for other errors (network, timeouts), which are retried silently.
+fn refusal(e: &watcher::Error, namespace: Option<&str>) -> Option<String> {
+    let status = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.as_ref(),
+        watcher::Error::WatchError(s) => s.as_ref(),
+        _ => return None,
+    };
+    (status.is_forbidden() || status.is_not_found()).then(|| {
+        switchyard_api::verdict::secrets_unreadable(namespace, status.code, &status.message)
+    })
 }
 
 /// The UTF-8 values of a Secret's `data` and `stringData` (non-UTF-8 values are skipped:
@@ -508,6 +550,7 @@ pub async fn run_with(
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(index_secrets(
         secrets_api,
+        options.namespace.clone(),
         op.clone(),
         world_tx.clone(),
         secrets_ready.clone(),

@@ -35,7 +35,7 @@ use crate::status::{
     availability_of, degraded_flag, key_of, needs_write, policy_status, provider_status,
     strip_timestamps, tenant_status,
 };
-use crate::validate::{SchemaChecker, SecretIndex, Verdicts, World, validate};
+use crate::validate::{Judge, SecretAccess, SecretIndex, Verdicts, World};
 
 /// Locks a mutex, recovering from poisoning: every critical section leaves its data whole.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -71,6 +71,9 @@ pub enum Synced {
     Written,
     /// The status differs but this replica is not the leader; nothing was sent.
     NotLeader,
+    /// The Secret cache has not completed its first list: nothing was computed or sent (the
+    /// completed list re-syncs every object).
+    Waiting,
 }
 
 impl Synced {
@@ -79,6 +82,7 @@ impl Synced {
             Synced::Unchanged => "unchanged",
             Synced::Written => "written",
             Synced::NotLeader => "skipped_not_leader",
+            Synced::Waiting => "skipped_secrets_syncing",
         }
     }
 }
@@ -127,7 +131,7 @@ pub struct Operator {
     stores: Stores,
     settings: Settings,
     secrets: Mutex<SecretIndex>,
-    validator: SchemaChecker,
+    judge: Mutex<Judge>,
     control: Mutex<ControlState>,
     collector: tokio::sync::Mutex<Collector>,
     recorder: Recorder,
@@ -171,7 +175,7 @@ impl Operator {
             stores,
             settings,
             secrets: Mutex::new(SecretIndex::default()),
-            validator: SchemaChecker::new(),
+            judge: Mutex::new(crate::validate::judge()),
             control: Mutex::new(ControlState::new()),
             collector: tokio::sync::Mutex::new(Collector::new()),
             recorder,
@@ -302,7 +306,15 @@ impl Operator {
     }
 
     fn verdicts(&self) -> Verdicts {
-        validate(&self.world(), &self.validator)
+        let world = self.world();
+        lock(&self.judge).judge(&world).verdicts
+    }
+
+    /// Whether the Secret cache has completed a list (or failed for good with a permission
+    /// error, which the verdict reports): until then no status is written, so a Secret is
+    /// never reported missing from a cache that has not been filled.
+    pub fn secrets_known(&self) -> bool {
+        !matches!(lock(&self.secrets).access(), SecretAccess::Syncing)
     }
 
     /// Computes and, when needed, writes the status of one LLMProvider.
@@ -319,6 +331,9 @@ impl Operator {
         p: &LLMProvider,
         verdicts: &Verdicts,
     ) -> Result<Synced, Error> {
+        if !self.secrets_known() {
+            return Ok(Synced::Waiting);
+        }
         let (ns, name) = names(p);
         let figures = lock(&self.control).figures(&key_of(p)).cloned();
         let now = (self.settings.clock)();
@@ -371,6 +386,9 @@ impl Operator {
         policy: &RoutingPolicy,
         verdicts: &Verdicts,
     ) -> Result<Synced, Error> {
+        if !self.secrets_known() {
+            return Ok(Synced::Waiting);
+        }
         let (ns, name) = names(policy);
         let now = (self.settings.clock)();
         let providers = self.stores.providers.state();
@@ -414,6 +432,9 @@ impl Operator {
     /// # Errors
     /// [`Error::WriteStatus`] when the patch fails.
     pub async fn sync_tenant(&self, t: &TenantQuota) -> Result<Synced, Error> {
+        if !self.secrets_known() {
+            return Ok(Synced::Waiting);
+        }
         let verdicts = self.verdicts();
         let (ns, name) = names(t);
         let now = (self.settings.clock)();

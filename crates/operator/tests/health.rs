@@ -91,7 +91,10 @@ async fn setup(endpoint: &str, probes: bool) -> Setup {
     )
     .with_probes(probes);
     fake.put(secret("creds", &["api-key"]));
-    op.update_secrets(|s| s.insert(NS, "creds", ["api-key".to_owned()]));
+    op.update_secrets(|s| {
+        s.set_access(switchyard_operator::validate::SecretAccess::Synced);
+        s.insert(NS, "creds", [("api-key".to_owned(), true)])
+    });
     op.set_secret_values(
         NS,
         "creds",

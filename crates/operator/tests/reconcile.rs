@@ -65,6 +65,8 @@ impl Harness {
                 clock: fixed_clock(now.clone()),
             },
         );
+        // The Secret cache has listed (nothing yet): `add` fills it as Secrets are put.
+        op.update_secrets(|s| s.set_access(switchyard_operator::validate::SecretAccess::Synced));
         (
             Harness {
                 fake,
@@ -87,7 +89,10 @@ impl Harness {
             let v = self.fake.get(&path).unwrap();
             let keys: Vec<String> = v["data"].as_object().unwrap().keys().cloned().collect();
             let name = v["metadata"]["name"].as_str().unwrap().to_owned();
-            self.op.update_secrets(|s| s.insert(NS, &name, keys));
+            self.op.update_secrets(|s| {
+                s.set_access(switchyard_operator::validate::SecretAccess::Synced);
+                s.insert(NS, &name, keys.into_iter().map(|k| (k, true)))
+            });
             return;
         }
         if !self.paths.contains(&path) {

@@ -12,11 +12,14 @@
 //!    `metadata.generation` (which moves on spec changes only, never on status writes) and the
 //!    `resourceVersion` of every referenced Secret. Replicas that show the same revision in
 //!    `/status` serve the same configuration (field case 30);
-//! 3. when the revision moved, **validates** the objects with the same loader the standalone
-//!    mode uses (schema, CEL rules, references). An object that fails is replaced by its last
-//!    accepted version, or skipped when it never had one, and a message says why; other objects
-//!    are not held back by it (field case 29). A RoutingPolicy that names a missing LLMProvider
-//!    is kept: the table skips that entry, as it does in standalone mode;
+//! 3. when the revision moved, **judges** the objects with the verdict the operator writes
+//!    into status ([`switchyard_api::verdict`]: the standalone loader's schema, CEL and
+//!    reference checks, the adapters' settings, Secrets). An object that fails is replaced by
+//!    its last accepted version, or skipped when it never had one, and a message says why;
+//!    its dependents (a TenantQuota allowing only a skipped route, a child of a skipped parent)
+//!    are judged against what is served, so status and routing agree; other objects are not
+//!    held back by it (field case 29). A RoutingPolicy that names a missing LLMProvider is
+//!    kept: the table skips that entry, as it does in standalone mode;
 //! 4. **builds** the [`RoutingTable`] (Secrets resolved from memory), reusing the provider
 //!    adapters (and so their connection pools) of providers whose spec and Secret did not
 //!    change, and **swaps** it into the [`Runtime`] like a standalone reload; breakers, pins
@@ -80,8 +83,9 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
-use switchyard_api::loader::{Manifests, load_texts};
+use switchyard_api::loader::Manifests;
 use switchyard_api::provider::{HealthState, Modality};
+use switchyard_api::verdict::{Judge, SecretAccess, SecretIndex, World};
 use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota, duration};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -592,110 +596,40 @@ async fn apply_loop(shared: Arc<Shared>) {
     }
 }
 
-/// One object of a Switchyard kind, as validated and kept.
-#[derive(Debug, Clone)]
-enum Object {
-    Provider(Box<LLMProvider>),
-    Policy(Box<RoutingPolicy>),
-    Tenant(Box<TenantQuota>),
+/// The shared verdict ([`switchyard_api::verdict`], the operator's too) with the adapters'
+/// settings check, so the router rejects exactly what the operator reports as rejected.
+#[derive(Debug)]
+struct RouterJudge(Judge);
+
+impl Default for RouterJudge {
+    fn default() -> Self {
+        RouterJudge(Judge::new(switchyard_providers::adapter::check_spec))
+    }
 }
 
-impl Object {
-    fn kind(&self) -> &'static str {
-        match self {
-            Object::Provider(_) => "LLMProvider",
-            Object::Policy(_) => "RoutingPolicy",
-            Object::Tenant(_) => "TenantQuota",
-        }
-    }
-
-    /// Whether `other` is the same version of the same object (uid and spec generation).
-    fn same_version(&self, other: &Object) -> bool {
-        let (a, b) = (self.meta(), other.meta());
-        a.uid == b.uid && a.generation == b.generation
-    }
-
-    fn meta(&self) -> &kube::core::ObjectMeta {
-        match self {
-            Object::Provider(o) => &o.metadata,
-            Object::Policy(o) => &o.metadata,
-            Object::Tenant(o) => &o.metadata,
-        }
-    }
-
-    /// `Kind namespace/name`, as the loader names objects in its errors.
-    fn id(&self) -> String {
-        let m = self.meta();
-        format!(
-            "{} {}/{}",
-            self.kind(),
-            m.namespace.as_deref().unwrap_or("default"),
-            m.name.as_deref().unwrap_or_default()
-        )
-    }
-
-    /// The object as the loader reads a manifest: type metadata set, status left out (it is
-    /// the operator's, and validating it would let a status write reject a good spec).
-    fn manifest(&self) -> Option<String> {
-        let mut value = match self {
-            Object::Provider(o) => serde_json::to_value(o),
-            Object::Policy(o) => serde_json::to_value(o),
-            Object::Tenant(o) => serde_json::to_value(o),
-        }
-        .ok()?;
-        let map = value.as_object_mut()?;
-        map.remove("status");
-        map.insert(
-            "apiVersion".to_owned(),
-            format!(
-                "{}/{}",
-                switchyard_api::common::GROUP,
-                switchyard_api::common::VERSION
-            )
-            .into(),
+/// The key names of the listed Secrets (values stay in the store), for the verdict.
+fn secret_index(secrets: &[Arc<Secret>]) -> SecretIndex {
+    let mut index = SecretIndex::default();
+    index.set_access(SecretAccess::Synced);
+    for s in secrets {
+        let keys = s
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), !v.0.is_empty()))
+            .chain(
+                s.string_data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), !v.is_empty())),
+            );
+        index.insert(
+            &s.namespace().unwrap_or_else(|| "default".to_owned()),
+            &s.name_any(),
+            keys,
         );
-        map.insert("kind".to_owned(), self.kind().into());
-        if let Some(meta) = map.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-            meta.remove("managedFields");
-        }
-        serde_json::to_string(&value).ok()
     }
-}
-
-/// Whether a loader problem leaves the object usable: a RoutingPolicy entry naming a provider
-/// that does not exist (or does not serve the model) is skipped or marked ineligible by the
-/// table, exactly as in a standalone table, so the rest of the policy keeps serving.
-fn tolerated(object: &str, field: Option<&str>) -> bool {
-    object.starts_with("RoutingPolicy ") && field.is_some_and(|f| f.starts_with("spec.providers["))
-}
-
-/// Runs the loader over `objects` (one pseudo-file each) and returns its problems grouped by
-/// object id, with the tolerated ones apart.
-fn validate(objects: &BTreeMap<String, Object>) -> (BTreeMap<String, Vec<String>>, Vec<String>) {
-    let texts: Vec<(PathBuf, String)> = objects
-        .iter()
-        .filter_map(|(id, o)| o.manifest().map(|t| (PathBuf::from(id), t)))
-        .collect();
-    let mut bad: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut notes = Vec::new();
-    if let Err(errors) = load_texts(texts.iter().map(|(p, t)| (p.as_path(), t.as_str()))) {
-        for e in errors.0 {
-            let object = e
-                .object
-                .clone()
-                .unwrap_or_else(|| e.source.file.display().to_string());
-            let what = match &e.field {
-                Some(f) => format!("{f}: {}", e.reason),
-                None => e.reason.clone(),
-            };
-            if tolerated(&object, e.field.as_deref()) {
-                notes.push(format!("{object}: {what} (entry skipped)"));
-            } else {
-                bad.entry(object).or_default().push(what);
-            }
-        }
-    }
-    (bad, notes)
+    index
 }
 
 /// Which (provider key, modality) pairs fresh `Unhealthy` verdicts block at `now`.
@@ -776,8 +710,8 @@ struct Applier {
     secret_versions: HashMap<String, String>,
     /// Validation messages of that revision.
     messages: Vec<String>,
-    /// Last accepted version of every object, by id.
-    last_good: BTreeMap<String, Object>,
+    /// The verdict, with the last accepted version of every object.
+    judge: RouterJudge,
     /// Provider adapters of the installed table, by key, with the fingerprint they were built
     /// from (uid, generation, Secret version).
     adapters: HashMap<String, (String, Arc<ProviderConfig>)>,
@@ -810,7 +744,8 @@ impl Applier {
         self.publish(shared);
     }
 
-    /// Validates the current objects, keeping last accepted versions of rejected ones.
+    /// Judges the current objects with the shared verdict, which keeps the last accepted
+    /// versions of rejected ones and leaves out what cannot be served (dependents included).
     fn validate(
         &mut self,
         providers: &[Arc<LLMProvider>],
@@ -818,77 +753,18 @@ impl Applier {
         tenants: &[Arc<TenantQuota>],
         secrets: &[Arc<Secret>],
     ) {
-        let mut set: BTreeMap<String, Object> = providers
-            .iter()
-            .map(|o| Object::Provider(Box::new(o.as_ref().clone())))
-            .chain(
-                policies
-                    .iter()
-                    .map(|o| Object::Policy(Box::new(o.as_ref().clone()))),
-            )
-            .chain(
-                tenants
-                    .iter()
-                    .map(|o| Object::Tenant(Box::new(o.as_ref().clone()))),
-            )
-            .map(|o| (o.id(), o))
-            .collect();
-        let current: BTreeSet<String> = set.keys().cloned().collect();
-        let mut substituted: BTreeSet<String> = BTreeSet::new();
-        let mut messages: Vec<String> = Vec::new();
-        // Each round replaces or drops at least one object, and each object is replaced at
-        // most once, so the rounds are bounded by twice the object count.
-        for _ in 0..=(2 * set.len() + 1) {
-            let (bad, notes) = validate(&set);
-            for note in notes {
-                if !messages.contains(&note) {
-                    messages.push(note);
-                }
-            }
-            if bad.is_empty() {
-                break;
-            }
-            for (id, reasons) in bad {
-                let reasons = reasons.join("; ");
-                let previous = self
-                    .last_good
-                    .get(&id)
-                    .filter(|p| !set.get(&id).is_some_and(|c| c.same_version(p)));
-                match previous {
-                    Some(previous) if !substituted.contains(&id) => {
-                        let generation = previous.meta().generation.unwrap_or_default();
-                        messages.push(format!(
-                            "{id} rejected: {reasons}; serving its last accepted version \
-                             (generation {generation})"
-                        ));
-                        set.insert(id.clone(), previous.clone());
-                        substituted.insert(id);
-                    }
-                    _ => {
-                        messages.push(format!("{id} rejected: {reasons}; skipped"));
-                        set.remove(&id);
-                    }
-                }
-            }
-        }
+        let world = World {
+            providers: providers.to_vec(),
+            policies: policies.to_vec(),
+            tenants: tenants.to_vec(),
+            secrets: secret_index(secrets),
+        };
+        let judgement = self.judge.0.judge(&world);
+        let messages = judgement.notes;
         for m in &messages {
             tracing::warn!("{m}");
         }
-        // Remember accepted current versions; forget objects that no longer exist.
-        self.last_good.retain(|id, _| current.contains(id));
-        for (id, o) in &set {
-            if !substituted.contains(id) {
-                self.last_good.insert(id.clone(), o.clone());
-            }
-        }
-        let mut manifests = Manifests::default();
-        for o in set.into_values() {
-            match o {
-                Object::Provider(p) => manifests.providers.push(*p),
-                Object::Policy(p) => manifests.policies.push(*p),
-                Object::Tenant(t) => manifests.tenants.push(*t),
-            }
-        }
+        let manifests = judgement.served.manifests();
         // Referenced Secrets, resolved into memory; and each provider's Secret version.
         let by_name: HashMap<(String, String), &Arc<Secret>> = secrets
             .iter()
@@ -1238,17 +1114,6 @@ fn status_weights(policy: &RoutingPolicy, route: &crate::config::Route) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tolerated_only_policy_provider_entries() {
-        assert!(tolerated(
-            "RoutingPolicy ns/r",
-            Some("spec.providers[1].name")
-        ));
-        assert!(!tolerated("RoutingPolicy ns/r", Some("spec.model")));
-        assert!(!tolerated("LLMProvider ns/p", Some("spec.providers[0]")));
-        assert!(!tolerated("RoutingPolicy ns/r", None));
-    }
 
     #[test]
     fn is_fresh_window_bounds_both_sides() {

@@ -16,6 +16,7 @@ pub mod kube_source;
 pub mod metrics;
 pub mod outcomes;
 pub mod probe;
+pub mod protocol_errors;
 pub mod server;
 pub mod signals;
 pub mod standalone;

@@ -986,7 +986,9 @@ async fn accept_loop(
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(header_timeout);
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            // hyper's own answers to unparseable heads (400, 414, 431) get a JSON body.
+            let io = crate::protocol_errors::JsonProtocolErrors::new(stream);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
                 r = conn.as_mut() => {

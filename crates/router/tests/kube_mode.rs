@@ -590,3 +590,120 @@ async fn kube_router_all_namespaces_lists_cluster_wide_paths() {
     );
     router.stop().await.unwrap();
 }
+
+/// Objects as the verdict takes them.
+fn decode<K: serde::de::DeserializeOwned>(v: Vec<Value>) -> Vec<std::sync::Arc<K>> {
+    v.into_iter()
+        .map(|o| std::sync::Arc::new(serde_json::from_value(o).unwrap()))
+        .collect()
+}
+
+/// One chat request with `Authorization: Bearer <key>`; the HTTP status.
+async fn chat_with_key(router: &switchyard_router::kube_source::KubeRouter, key: &str) -> u16 {
+    reqwest::Client::new()
+        .post(format!("http://{}/v1/chat/completions", router.addr))
+        .header("authorization", format!("Bearer {key}"))
+        .json(
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 8}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Issue 12 item 9 on the router side: a TenantQuota whose only allowed route is rejected
+/// (and never had an accepted version) is left out, so its key gets 401; the router says why,
+/// naming the rejected route, and the verdict the operator writes into status (the same
+/// function, on the same objects) calls it rejected too, never `Ready=True`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_router_leaves_out_dependents_of_a_rejected_route_as_the_operator_reports() {
+    let _guard = serial().await;
+    let api = FakeApi::new();
+    let _mocks = Mocks::start(&api, &["p-a"]).await;
+    api.apply("routingpolicies", "r1", policy(&["p-a"]));
+    let mut bad = policy(&["p-a"]);
+    bad["spec"]["model"] = json!("other-model");
+    bad["spec"]["deadline"] = json!("soon");
+    api.apply("routingpolicies", "r-bad", bad);
+    api.apply(
+        "secrets",
+        "tenant-keys",
+        json!({"type": "Opaque", "data": {
+            "good": base64(b"sk-tenant-good"), "orphan": base64(b"sk-tenant-orphan")}}),
+    );
+    let tenant = |route: &str, key: &str| {
+        json!({"spec": {"allowedRoutes": [route],
+            "apiKeys": [{"name": key, "secretRef": {"name": "tenant-keys", "key": key}}]}})
+    };
+    api.apply("tenantquotas", "t-good", tenant("r1", "good"));
+    api.apply("tenantquotas", "t-orphan", tenant("r-bad", "orphan"));
+    let endpoint = api.endpoint().await;
+    let router = router_with(&endpoint, options(RESYNC)).await;
+
+    assert_eq!(chat_with_key(&router, "sk-tenant-good").await, 200);
+    assert_eq!(chat_with_key(&router, "sk-tenant-orphan").await, 401);
+    let messages = status(&router).await["messages"].to_string();
+    assert!(
+        messages.contains(
+            "TenantQuota team-a/t-orphan rejected: spec.allowedRoutes[0]: RoutingPolicy \
+             team-a/r-bad is rejected and not served: spec.deadline"
+        ),
+        "{messages}"
+    );
+
+    // The operator's verdict on the same objects, read back from the API server.
+    let client = endpoint.client();
+    let list = |plural: &'static str| {
+        let client = client.clone();
+        async move {
+            let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+                client,
+                NS,
+                &kube::core::ApiResource {
+                    group: "switchyard.dev".into(),
+                    version: "v1alpha1".into(),
+                    api_version: "switchyard.dev/v1alpha1".into(),
+                    kind: String::new(),
+                    plural: plural.into(),
+                },
+            );
+            api.list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|o| serde_json::to_value(o).unwrap())
+                .collect::<Vec<Value>>()
+        }
+    };
+    let world = switchyard_api::verdict::World {
+        providers: decode(list("llmproviders").await),
+        policies: decode(list("routingpolicies").await),
+        tenants: decode(list("tenantquotas").await),
+        secrets: {
+            let mut s = switchyard_api::verdict::SecretIndex::default();
+            s.set_access(switchyard_api::verdict::SecretAccess::Synced);
+            s.insert(NS, "p-a-key", [("apiKey".to_owned(), true)]);
+            s.insert(
+                NS,
+                "tenant-keys",
+                [("good".to_owned(), true), ("orphan".to_owned(), true)],
+            );
+            s
+        },
+    };
+    let verdicts = switchyard_api::verdict::Judge::default()
+        .judge(&world)
+        .verdicts;
+    assert!(verdicts.rejected("TenantQuota", NS, "t-orphan"));
+    assert_eq!(
+        verdicts.problems("TenantQuota", NS, "t-orphan")[0].reason,
+        "DanglingReference"
+    );
+    assert!(verdicts.problems("TenantQuota", NS, "t-good").is_empty());
+    assert!(verdicts.rejected("RoutingPolicy", NS, "r-bad"));
+    router.stop().await.unwrap();
+}

@@ -310,10 +310,11 @@ fn split_documents(text: &str) -> Vec<Result<Option<serde_json::Value>, String>>
 fn load_document(
     validators: &schema::Validators,
     source: Source,
-    value: serde_json::Value,
+    mut value: serde_json::Value,
     out: &mut Manifests,
     errors: &mut Vec<ManifestError>,
 ) {
+    schema::normalize_numbers(&mut value);
     let api_version = value
         .get("apiVersion")
         .and_then(|v| v.as_str())
@@ -371,7 +372,21 @@ fn load_document(
     let object = format!("{} {namespace}/{name}", kind.name());
     let mut problems = schema::check_metadata(&value);
     problems.extend(validators.check(kind, &value));
-    if problems.is_empty() {
+    if problems.is_empty()
+        && let Some(previous) = out.sources.get(&object)
+    {
+        // The first definition stays the one checked and attributed: later problems of the
+        // object (its references) name the file that defined it first.
+        problems.push(schema::Problem {
+            field: Some("metadata.name".to_owned()),
+            reason: format!(
+                "duplicate object: already defined in {} (document {}){}",
+                previous.file.display(),
+                previous.document,
+                refs::CLIENT_SIDE
+            ),
+        });
+    } else if problems.is_empty() {
         let key = object.clone();
         let result = match kind {
             Kind::Provider => {
@@ -384,16 +399,7 @@ fn load_document(
         };
         match result {
             Ok(()) => {
-                if let Some(previous) = out.sources.insert(key, source.clone()) {
-                    problems.push(schema::Problem {
-                        field: Some("metadata.name".to_owned()),
-                        reason: format!(
-                            "duplicate object: already defined in {} (document {})",
-                            previous.file.display(),
-                            previous.document
-                        ),
-                    });
-                }
+                out.sources.insert(key, source.clone());
             }
             Err(reason) => problems.push(schema::Problem {
                 field: None,

@@ -8,6 +8,11 @@ use kube::ResourceExt;
 use super::{Kind, ManifestError, Manifests, Source};
 use crate::common::Limit;
 
+/// Appended to the reasons of checks the API server cannot make (it sees one object at a
+/// time), so a user reading a refusal knows a `kubectl apply` would have been accepted and the
+/// object would have been reported `Ready=False` instead.
+pub(crate) const CLIENT_SIDE: &str = " (checked by switchyard, not the API server)";
+
 /// Appends every reference problem of `m` to `errors`.
 pub(crate) fn check(m: &Manifests, errors: &mut Vec<ManifestError>) {
     let mut push = |kind: Kind, ns: &str, name: &str, field: String, reason: String| {
@@ -20,7 +25,7 @@ pub(crate) fn check(m: &Manifests, errors: &mut Vec<ManifestError>) {
             source,
             object: Some(object),
             field: Some(field),
-            reason,
+            reason: format!("{reason}{CLIENT_SIDE}"),
         });
     };
 

@@ -43,9 +43,9 @@ impl Validators {
         };
         use kube::CustomResourceExt;
         Validators {
-            provider: build(crate::LLMProvider::crd()),
-            policy: build(crate::RoutingPolicy::crd()),
-            tenant: build(crate::TenantQuota::crd()),
+            provider: build(crate::crd::finish(crate::LLMProvider::crd())),
+            policy: build(crate::crd::finish(crate::RoutingPolicy::crd())),
+            tenant: build(crate::crd::finish(crate::TenantQuota::crd())),
             cel: Validator::new(),
         }
     }
@@ -59,6 +59,7 @@ impl Validators {
         };
         let mut problems = Vec::new();
         unknown_fields(&v.openapi, value, &mut String::new(), &mut problems);
+        int64_range(value, &mut String::new(), &mut problems);
         match &v.json {
             Some(json) => {
                 for error in json.iter_errors(value) {
@@ -91,7 +92,106 @@ impl Validators {
     }
 }
 
-/// Checks `metadata.name` and `metadata.namespace` as the API server does.
+/// 2^63 as a float: int64 holds −2^63 up to (not including) 2^63.
+const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+
+/// Integral floats (`10.0`, `1e3`) become integers, as the API server's JSON decoding does
+/// before validating (an `integer` field given `10.0` is accepted and stored as `10`);
+/// floats with a fraction stay and fail an `integer` schema as they do there.
+pub(crate) fn normalize_numbers(value: &mut Value) {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+                && (-TWO_POW_63..TWO_POW_63).contains(&f)
+            {
+                *value = Value::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(normalize_numbers),
+        Value::Object(map) => map.values_mut().for_each(normalize_numbers),
+        _ => {}
+    }
+}
+
+/// Integers outside int64, which the API server refuses (it stores every integer as int64)
+/// although the Rust type (`u64`) and JSON Schema would take them.
+fn int64_range(value: &Value, path: &mut String, out: &mut Vec<Problem>) {
+    match value {
+        Value::Number(n) => {
+            let too_big = n.as_u64().is_some_and(|u| i64::try_from(u).is_err())
+                || n.as_f64().is_some_and(|f| {
+                    n.is_f64() && f.fract() == 0.0 && !(-TWO_POW_63..TWO_POW_63).contains(&f)
+                });
+            if too_big {
+                out.push(Problem {
+                    field: Some(path.clone()).filter(|p| !p.is_empty()),
+                    reason: format!(
+                        "{n} is out of range: integers must fit in int64 (at most \
+                         9223372036854775807), as the API server stores them"
+                    ),
+                });
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                int64_range(item, path, out);
+                path.truncate(len);
+            }
+        }
+        Value::Object(map) => {
+            for (key, child) in map {
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+                int64_range(child, path, out);
+                path.truncate(len);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Why `value` is not a valid label value, if it is not: at most 63 characters, empty or
+/// alphanumerics with `-`, `_` and `.` inside (Kubernetes `IsValidLabelValue`).
+fn label_value_problem(value: &str) -> Option<String> {
+    let b = value.as_bytes();
+    let ok = b.len() <= 63
+        && (b.is_empty()
+            || (b.first().is_some_and(u8::is_ascii_alphanumeric)
+                && b.last().is_some_and(u8::is_ascii_alphanumeric)
+                && b.iter()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))));
+    (!ok).then(|| {
+        format!(
+            "{value:?} is not a valid label value: at most 63 characters, empty or \
+             alphanumerics with '-', '_' or '.' inside, starting and ending with an alphanumeric"
+        )
+    })
+}
+
+/// Why `key` is not a valid label key, if it is not: an optional DNS-subdomain prefix (at
+/// most 253 characters) and `/`, then a name as for values but non-empty.
+fn label_key_problem(key: &str, subdomain: &impl Fn(&str) -> bool) -> Option<String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let prefix_ok = prefix.is_none_or(|p| p.len() <= 253 && subdomain(p));
+    let name_ok = !name.is_empty() && label_value_problem(name).is_none();
+    (!(prefix_ok && name_ok)).then(|| {
+        format!(
+            "{key:?} is not a valid label key: an optional DNS subdomain prefix and '/', then \
+             a name of at most 63 alphanumerics with '-', '_' or '.' inside"
+        )
+    })
+}
+
+/// Checks `metadata.name`, `metadata.namespace` and `metadata.labels` as the API server does.
 pub(crate) fn check_metadata(value: &Value) -> Vec<Problem> {
     let mut problems = Vec::new();
     let name_re = regex_lite_name();
@@ -118,6 +218,32 @@ pub(crate) fn check_metadata(value: &Value) -> Vec<Problem> {
                 field: Some("metadata.namespace".to_owned()),
                 reason: format!("{ns} is not a valid namespace name"),
             });
+        }
+    }
+    if let Some(labels) = value.pointer("/metadata/labels") {
+        match labels.as_object() {
+            None => problems.push(Problem {
+                field: Some("metadata.labels".to_owned()),
+                reason: "labels must be a map of strings".to_owned(),
+            }),
+            Some(map) => {
+                for (key, v) in map {
+                    let field = Some(format!("metadata.labels[{key:?}]"));
+                    if let Some(reason) = label_key_problem(key, &name_re) {
+                        problems.push(Problem {
+                            field: field.clone(),
+                            reason,
+                        });
+                    }
+                    let reason = match v.as_str() {
+                        Some(text) => label_value_problem(text),
+                        None => Some(format!("{v} is not a string")),
+                    };
+                    if let Some(reason) = reason {
+                        problems.push(Problem { field, reason });
+                    }
+                }
+            }
         }
     }
     problems
@@ -266,6 +392,43 @@ fn nullable_to_union(schema: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_follow_the_api_server() {
+        assert_eq!(label_value_problem(""), None);
+        assert_eq!(label_value_problem("team-a_b.c"), None);
+        assert_eq!(label_value_problem(&"a".repeat(63)), None);
+        assert!(label_value_problem(&"a".repeat(64)).is_some());
+        assert!(label_value_problem("-a").is_some());
+        assert!(label_value_problem("a-").is_some());
+        assert!(label_value_problem("a b").is_some());
+        assert!(label_value_problem("a/b").is_some());
+        let sub = regex_lite_name();
+        assert_eq!(label_key_problem("app.kubernetes.io/name", &sub), None);
+        assert_eq!(label_key_problem("tier", &sub), None);
+        assert!(label_key_problem("Bad_Prefix/x", &sub).is_some());
+        assert!(label_key_problem("example.com/", &sub).is_some());
+    }
+
+    #[test]
+    fn integral_floats_become_integers_and_int64_bounds_hold() {
+        let mut v = serde_json::json!({"a": 10.0, "b": [2.5, 1e3], "c": -4.0,
+            "edge": 9_223_372_036_854_775_808.0});
+        normalize_numbers(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"a": 10, "b": [2.5, 1000], "c": -4,
+                "edge": 9_223_372_036_854_775_808.0})
+        );
+        assert!(v["a"].is_i64());
+        let mut out = Vec::new();
+        let v = serde_json::json!({"spec": {"limits": [{"amount": 9223372036854775808u64}],
+            "ok": 9223372036854775807i64, "big": 1e20}});
+        int64_range(&v, &mut String::new(), &mut out);
+        let fields: Vec<_> = out.iter().map(|p| p.field.clone().unwrap()).collect();
+        assert_eq!(fields, ["spec.big", "spec.limits[0].amount"]);
+        assert!(out[1].reason.contains("int64"), "{}", out[1].reason);
+    }
 
     #[test]
     fn pointer_to_path_indices_become_brackets() {

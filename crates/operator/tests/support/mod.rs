@@ -48,6 +48,10 @@ struct Inner {
     /// Field manager owning `spec.holderIdentity` of a Lease, by object path (server-side
     /// apply's conflict rule, the one leader election relies on).
     holders: BTreeMap<String, String>,
+    /// Collection paths whose list and watch are refused with 403 (an RBAC gap).
+    forbidden: std::collections::BTreeSet<String>,
+    /// Collection paths whose list answers only after a delay (a slow first sync).
+    slow: BTreeMap<String, std::time::Duration>,
 }
 
 #[derive(Clone)]
@@ -173,6 +177,24 @@ async fn handle(
     let is_status = segments.len() == collection_len + 2 && segments.last() == Some(&"status");
     let selector = query_value(&query, "labelSelector").map(str::to_owned);
 
+    if method == Method::GET && is_collection && s.inner.lock().unwrap().forbidden.contains(&path) {
+        return (
+            StatusCode::FORBIDDEN,
+            axum::Json(json!({"kind":"Status","apiVersion":"v1","metadata":{},
+                "status":"Failure","reason":"Forbidden","code":403,
+                "message": format!("secrets is forbidden: User \"system:serviceaccount:{NS}:switchyard\" cannot list resource \"secrets\" in API group \"\" in the namespace \"{NS}\"")})),
+        )
+            .into_response();
+    }
+    let delay = (!watch)
+        .then(|| s.inner.lock().unwrap().slow.get(&path).copied())
+        .flatten();
+    if method == Method::GET
+        && is_collection
+        && let Some(delay) = delay
+    {
+        tokio::time::sleep(delay).await;
+    }
     if method == Method::GET && is_collection && watch {
         let mut rx = s.events.subscribe();
         let collection = path.clone();
@@ -341,6 +363,27 @@ impl FakeApi {
             let _ = axum::serve(listener, app).await;
         });
         FakeApi { addr, shared, task }
+    }
+
+    /// Refuses (`true`) or allows again the list and watch of a collection path, such as
+    /// `/api/v1/namespaces/{NS}/secrets`, with 403 Forbidden.
+    pub fn forbid(&self, collection: &str, refused: bool) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        if refused {
+            inner.forbidden.insert(collection.to_owned());
+        } else {
+            inner.forbidden.remove(collection);
+        }
+    }
+
+    /// Delays every list (not watch) of a collection path by `delay`.
+    pub fn slow_list(&self, collection: &str, delay: std::time::Duration) {
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .slow
+            .insert(collection.to_owned(), delay);
     }
 
     /// A kube client talking to this server, default namespace `default`.
