@@ -382,7 +382,11 @@ impl<'a> Engine<'a> {
                 self.send(r, member, timeout);
             }
             Action::Wait { until } => {
-                self.push(until.since_origin().max(self.now), Ev::Resume(r));
+                // Events are kept in whole microseconds: round the wake-up up, or a pause that
+                // ends within the current microsecond would wake the request in a loop.
+                let at =
+                    Duration::from_micros(until.since_origin().as_nanos().div_ceil(1000) as u64);
+                self.push(at.max(self.now + Duration::from_micros(1)), Ev::Resume(r));
             }
             Action::Served { .. } => self.finish(r, true),
             Action::Respond(verdict) => {
