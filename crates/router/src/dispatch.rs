@@ -1,10 +1,13 @@
-//! Dispatch (DESIGN §3 steps 4, 5, 7, 8, 9): candidates → order → send → classify → next.
+//! Dispatch (DESIGN §3 steps 4–9): the executor of core's dispatch machine.
 //!
-//! The decisions come from `switchyard-core`: the chain from [`ChainPins`] (weighted
-//! rendezvous over the cascade weights), the p2c pick from [`P2c`], the class of a failure from
-//! the classifier, whether and where to retry from [`next_attempt`], pause lengths from
-//! [`PausePolicy`]. This module measures and executes.
-//!
+//! Every routing decision — candidates, order, pauses, breakers, the probe gate, reservation
+//! refusals, queueing, the attempt deadline, retry or fallback, what an outcome does to the
+//! shared state — is made by [`switchyard_core::dispatch::Dispatch`], the same machine the
+//! simulator runs. This module describes the request to it ([`Member`]s), lends it the
+//! router's shared state (`RouterFleet`), does what it asks (reserve in the quota store, send
+//! through the adapter, sleep, wait in the tenant's queue), reports each result back, settles
+//! every attempt through [`settle`] and turns its [`Verdict`] into the client's error.
+
 //! Streaming follows the "hold the preamble" rule: upstream events that carry no content
 //! (role-only deltas, `message_start`, pings, keep-alives) are translated and held until the
 //! first real content arrives. A provider that fails before that point — even after `200` and
