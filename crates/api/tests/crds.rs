@@ -75,7 +75,7 @@ fn crds_chart_copy_matches_generated() {
         for label in CHART_LABELS {
             take_meta(&mut shipped, "labels", label);
         }
-        let generated = serde_json::to_value(&crd).expect("json");
+        let generated = switchyard_api::crd::to_json(&crd);
         assert!(shipped == generated, "{stale}");
     }
 }
