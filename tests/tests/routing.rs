@@ -287,10 +287,18 @@ async fn spread_100_projects_follow_status_weights() {
     let stack = Stack::start(three_providers("2s")).await;
     let trajectory = degrade_p1(&stack, 0.8).await;
 
-    // Measure between two /status snapshots that agree, so the weights did not move meanwhile.
+    // Measure between two /status snapshots that agree, so the weights did not move meanwhile,
+    // and while the weights are spread: the window that ends the outage can drive p1 to its
+    // floor (its last errors, and the skips while it was paused), from which it climbs back
+    // through spread weights interval by interval.
     let mut attempts = Vec::new();
-    for round in 0..4 {
+    for round in 0..16 {
         let before = policy_weights(&stack.status().await, MODEL).expect("weights in /status");
+        if before.iter().filter(|w| w.weight > 0.05).count() < 2 {
+            attempts.push(format!("round {round}: weights not spread {before:?}"));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
         let mut firsts = Vec::new();
         for i in 0..100 {
             firsts.push(first_choice(&stack, &format!("spread-{round}-{i}")).await);

@@ -357,6 +357,9 @@ pub enum Fault {
     },
     /// Normal answer without any usage object (case 15's "no usage at all").
     OmitUsage,
+    /// A normal answer that ends evaluation: the "this attempt succeeds" step of a per-attempt
+    /// script written as `next: 1` rules in order (the router-equivalence test's scripts).
+    Pass,
     /// Vertex AI 429 `RESOURCE_EXHAUSTED` in Google's error shape, without `Retry-After`
     /// (Vertex sends none). `cause` picks which of Vertex's three 429s it is; the messages
     /// are the ones Google documents (cloud.google.com/vertex-ai/generative-ai/docs/error-code-429).
@@ -553,6 +556,7 @@ impl Fault {
             Self::HangNoHeaders => "hang_no_headers",
             Self::ReportUsage { .. } => "report_usage",
             Self::OmitUsage => "omit_usage",
+            Self::Pass => "pass",
             Self::VertexResourceExhausted { .. } => "vertex_resource_exhausted",
             Self::BedrockException { .. } => "bedrock_exception",
             Self::BedrockStreamException { .. } => "bedrock_stream_exception",
@@ -584,6 +588,8 @@ pub(crate) struct Decision {
     pub(crate) fault: Option<Fault>,
     /// Labels of every fault that applied (modifiers included), for the call record.
     pub(crate) labels: Vec<&'static str>,
+    /// A [`Fault::Pass`] rule fired: answer normally, evaluate no further rule.
+    pub(crate) passed: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -665,7 +671,7 @@ impl FaultState {
             }
             counters.fired += 1;
             apply(&mut decision, rule.fault.clone(), rule.delay_ms);
-            if decision.fault.is_some() {
+            if decision.fault.is_some() || decision.passed {
                 break;
             }
         }
@@ -679,6 +685,7 @@ fn apply(decision: &mut Decision, fault: Fault, delay_ms: u64) {
     match fault {
         Fault::Latency { ms } => decision.delay += Duration::from_millis(ms),
         Fault::SlowFirstToken { ms } => decision.extra_ttft += Duration::from_millis(ms),
+        Fault::Pass => decision.passed = true,
         other => {
             debug_assert!(!other.is_modifier());
             decision.fault = Some(other);
@@ -715,6 +722,27 @@ mod tests {
             .map(|_| st.decide(FACTS, Duration::ZERO).fault)
             .collect();
         assert_eq!(got, vec![Some(ra(5)), Some(ra(15)), None]);
+    }
+
+    #[test]
+    fn decide_pass_rule_answers_normally_and_stops_evaluation() {
+        // Script: pass, 429, then (script used up) the always-500 rule.
+        let mut st = FaultState::new(
+            FaultSet::rules([
+                FaultRule::next(1, Fault::Pass),
+                FaultRule::next(1, ra(5)),
+                FaultRule::always(Fault::ServerError { status: 500 }),
+            ]),
+            Duration::ZERO,
+        );
+        let first = st.decide(FACTS, Duration::ZERO);
+        assert!(first.fault.is_none() && first.passed, "{first:?}");
+        assert_eq!(first.labels, vec!["pass"]);
+        assert_eq!(st.decide(FACTS, Duration::ZERO).fault, Some(ra(5)));
+        assert_eq!(
+            st.decide(FACTS, Duration::ZERO).fault,
+            Some(Fault::ServerError { status: 500 })
+        );
     }
 
     #[test]

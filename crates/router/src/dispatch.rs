@@ -1354,11 +1354,12 @@ async fn attempt(
     let now = app.clock.now();
     let remaining = deadline.saturating_since(now);
     let streaming = req.stream && matches!(req.op, ClientOp::Chat | ClientOp::Messages);
-    // Until content arrives, a stream is bounded by the first-token timeout; a whole
-    // non-streamed answer by the attempt's share of the deadline.
+    // A whole non-streamed answer is bounded by the attempt's share of the deadline; a stream
+    // until its first content by that share and the first-token timeout, whichever ends first
+    // (once content flows it may run to the request deadline: it can no longer move).
     let attempt_remaining = deadlines.attempt.min(deadline).saturating_since(now);
     let header_budget = if streaming {
-        provider.first_token_timeout(route).min(remaining)
+        provider.first_token_timeout(route).min(attempt_remaining)
     } else {
         attempt_remaining
     };

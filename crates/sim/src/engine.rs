@@ -20,7 +20,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use switchyard_core::time::Instant;
 
-use crate::metrics::{Acc, FailureCounts, IntervalRow, RunResult, RunSummary, percentile, ratio};
+use crate::metrics::{
+    Acc, FailureCounts, IntervalRow, Replay, ReplayAttempt, RunResult, RunSummary, percentile,
+    ratio,
+};
 use crate::model::{AttemptInput, Outcome, ProviderState, hash, unit};
 use crate::scenario::{Scenario, Traffic};
 use crate::strategy::{Pick, Strategy, StrategyKind};
@@ -42,6 +45,8 @@ enum Failure {
 enum Ev {
     Tick,
     Arrival,
+    /// Arrival of scripted request `i` ([`Traffic::Script`]).
+    Scripted(u32),
     Turn(u32),
     FirstByte(u32),
     AttemptDone(u32),
@@ -111,6 +116,8 @@ pub(crate) struct Engine<'a> {
     interval_start: Duration,
     all_lat_ms: Vec<f32>,
     totals: RunSummary,
+    /// Attempt and request log of scripted traffic.
+    replay: Option<Replay>,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -168,6 +175,13 @@ impl<'a> Engine<'a> {
                 p99_ms: 0.0,
                 failures: FailureCounts::default(),
             },
+            replay: match &sc.traffic {
+                Traffic::Script(t) => Some(Replay {
+                    attempts: Vec::new(),
+                    served_by: vec![None; t.requests.len()],
+                }),
+                _ => None,
+            },
         }
     }
 
@@ -181,12 +195,20 @@ impl<'a> Engine<'a> {
 
     pub(crate) fn run(mut self) -> RunResult {
         self.push(self.sc.interval, Ev::Tick);
-        self.push(Duration::ZERO, Ev::Arrival);
+        match &self.sc.traffic {
+            Traffic::Script(t) => {
+                for (i, r) in t.requests.iter().enumerate() {
+                    self.push(r.at, Ev::Scripted(i as u32));
+                }
+            }
+            _ => self.push(Duration::ZERO, Ev::Arrival),
+        }
         while let Some(Reverse((t, _, ev))) = self.heap.pop() {
             self.now = Duration::from_micros(t);
             match ev {
                 Ev::Tick => self.tick(),
                 Ev::Arrival => self.arrival(),
+                Ev::Scripted(i) => self.scripted(i),
                 Ev::Turn(s) => self.turn(s),
                 Ev::FirstByte(r) => {
                     let p = self.reqs[r as usize].provider;
@@ -219,6 +241,7 @@ impl<'a> Engine<'a> {
             providers: self.sc.providers.iter().map(|p| p.name.clone()).collect(),
             intervals: self.rows,
             summary: s,
+            replay: self.replay.unwrap_or_default(),
         }
     }
 
@@ -287,7 +310,18 @@ impl<'a> Engine<'a> {
                     self.push(self.now + Duration::from_secs(1), Ev::Arrival);
                 }
             }
+            // Scripted requests arrive as their own events (`Ev::Scripted`).
+            Traffic::Script(_) => {}
         }
+    }
+
+    fn scripted(&mut self, i: u32) {
+        let Traffic::Script(t) = &self.sc.traffic else {
+            return;
+        };
+        let project = t.requests[i as usize].project;
+        let r = self.new_req(NO_SESSION, project, 0, u64::from(i));
+        self.dispatch(r);
     }
 
     fn new_req(&mut self, session: u32, project: u32, turn: u32, id: u64) -> u32 {
@@ -415,6 +449,7 @@ impl<'a> Engine<'a> {
                     (sess.context - hit, hit, t.output_tokens)
                 }
                 (Traffic::Poisson(t), _) => (t.input_tokens, 0, 0),
+                (Traffic::Script(t), _) => (t.input_tokens, 0, 0),
                 _ => (0, 0, 0),
             };
         // Session requests are identified by (session, turn), Poisson requests by arrival id,
@@ -436,6 +471,13 @@ impl<'a> Engine<'a> {
                 dice,
             },
         );
+        if let Some(log) = self.replay.as_mut() {
+            log.attempts.push(ReplayAttempt {
+                request: req.id,
+                provider: p,
+                at: now,
+            });
+        }
         req.attempts += 1;
         req.tried |= 1u64 << p;
         req.provider = p;
@@ -449,7 +491,7 @@ impl<'a> Engine<'a> {
         }
         self.acc.prov[p].attempts += 1;
         self.totals.attempts += 1;
-        if outcome == Outcome::Ok {
+        if matches!(outcome, Outcome::Ok | Outcome::StreamCut { content: true }) {
             // Pushed first, so it is handled first even when it coincides with the end.
             self.push(now + first_byte, Ev::FirstByte(r));
         }
@@ -484,10 +526,21 @@ impl<'a> Engine<'a> {
                 self.totals.rate_limited += 1;
                 self.dispatch(r);
             }
-            Outcome::Server { .. } | Outcome::Timeout => {
+            Outcome::Server { .. } | Outcome::Timeout | Outcome::StreamCut { content: false } => {
                 self.acc.prov[p].errors += 1;
                 self.totals.provider_errors += 1;
                 self.dispatch(r);
+            }
+            // Content reached the client: the request is served (it cannot move any more) and
+            // the provider failed it.
+            Outcome::StreamCut { content: true } => {
+                self.acc.prov[p].errors += 1;
+                self.totals.provider_errors += 1;
+                if self.router.is_some() {
+                    self.drive(r);
+                } else {
+                    self.finish(r, true);
+                }
             }
         }
     }
@@ -507,6 +560,12 @@ impl<'a> Engine<'a> {
         let now = self.now;
         self.free.push(r);
         let req = &self.reqs[r as usize];
+        if let Some(log) = self.replay.as_mut()
+            && ok
+            && let Some(slot) = log.served_by.get_mut(req.id as usize)
+        {
+            *slot = Some(req.provider);
+        }
         self.acc.requests += 1;
         self.totals.requests += 1;
         if ok {

@@ -29,7 +29,9 @@ pub mod scenario;
 mod strategy;
 mod switchyard;
 
-pub use metrics::{FailureCounts, IntervalRow, ProviderInterval, RunResult, RunSummary};
+pub use metrics::{
+    FailureCounts, IntervalRow, ProviderInterval, Replay, ReplayAttempt, RunResult, RunSummary,
+};
 pub use output::summary_markdown;
 pub use scenario::{Scenario, ServiceType};
 pub use strategy::StrategyKind;

@@ -118,6 +118,30 @@ pub struct RunResult {
     pub intervals: Vec<IntervalRow>,
     /// Totals.
     pub summary: RunSummary,
+    /// Every attempt and every request's end, for scripted traffic only (empty otherwise).
+    pub replay: Replay,
+}
+
+/// What a replay did, request by request: the record the router-equivalence test compares with
+/// the attempts a real router sent to the mock providers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Replay {
+    /// Attempts in the order they were sent.
+    pub attempts: Vec<ReplayAttempt>,
+    /// Per scripted request (in script order), the provider that served it, `None` for a
+    /// client error.
+    pub served_by: Vec<Option<usize>>,
+}
+
+/// One attempt of a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayAttempt {
+    /// Index of the scripted request.
+    pub request: u64,
+    /// Provider index (scenario order).
+    pub provider: usize,
+    /// Virtual send time.
+    pub at: Duration,
 }
 
 impl RunResult {

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use crate::scenario::{Admission, ProviderSpec};
+use std::collections::VecDeque;
+
+use crate::scenario::{Admission, ProviderSpec, ScriptStep};
 
 /// SplitMix64 finaliser: a fast, well-mixed 64-bit hash (Steele, Lea, Flood 2014).
 pub(crate) fn mix(mut x: u64) -> u64 {
@@ -44,6 +46,31 @@ pub(crate) enum Outcome {
     Server { status: u16 },
     /// No answer within the request timeout.
     Timeout,
+    /// A 200 stream that broke: before any content (`content: false`, the router fails over)
+    /// or after content reached the client (`content: true`, served but a provider failure).
+    StreamCut {
+        /// Whether content was delivered before the cut.
+        content: bool,
+    },
+}
+
+/// The fate of an attempt the provider's script decides: (outcome, time until the router
+/// learns it, time of the first byte). Answers take the base latency (errors the error
+/// latency), a timeout the whole `timeout`.
+fn scripted(
+    step: ScriptStep,
+    spec: &ProviderSpec,
+    timeout: Duration,
+) -> (Outcome, Duration, Duration) {
+    let (ok, err) = (spec.latency.base, spec.error_latency);
+    match step {
+        ScriptStep::Ok => (Outcome::Ok, ok, ok / 2),
+        ScriptStep::RateLimited { retry_after } => (Outcome::RateLimited { retry_after }, err, err),
+        ScriptStep::Server { status } => (Outcome::Server { status }, err, err),
+        ScriptStep::Timeout => (Outcome::Timeout, timeout, timeout),
+        ScriptStep::CutBeforeContent => (Outcome::StreamCut { content: false }, err, err),
+        ScriptStep::CutAfterContent => (Outcome::StreamCut { content: true }, ok, ok / 2),
+    }
 }
 
 /// A continuously refilled token bucket whose limit may change over time.
@@ -73,6 +100,8 @@ pub(crate) struct ProviderState {
     itpm: Option<Bucket>,
     /// Attempts currently being served.
     pub(crate) in_flight: u32,
+    /// Scripted fates still to hand out ([`ProviderSpec::script`]).
+    script: VecDeque<ScriptStep>,
 }
 
 /// Everything the provider needs to know about one attempt.
@@ -95,6 +124,7 @@ impl ProviderState {
             rpm: spec.rpm.as_ref().map(|_| full.clone()),
             itpm: spec.itpm.as_ref().map(|_| full.clone()),
             in_flight: 0,
+            script: spec.script.iter().copied().collect(),
         }
     }
 
@@ -112,6 +142,9 @@ impl ProviderState {
         timeout: Duration,
         inp: AttemptInput,
     ) -> (Outcome, Duration, Duration) {
+        if let Some(step) = self.script.pop_front() {
+            return scripted(step, spec, timeout);
+        }
         let d = |salt: u64| mix(inp.dice ^ salt);
         for o in &spec.outages {
             if now >= o.start && now < o.end && unit(d(1)) < o.fraction {
@@ -231,6 +264,7 @@ mod tests {
             }],
             concurrency: None,
             error_latency: Duration::from_millis(250),
+            script: Vec::new(),
         }
     }
 

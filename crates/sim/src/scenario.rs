@@ -249,6 +249,22 @@ pub struct SwitchyardSettings {
     pub deadline: Duration,
     /// RoutingPolicy `fallback.sameProviderRetries` (default 0).
     pub same_provider_retries: u32,
+    /// LLMProvider `circuitBreaker` overrides, the same for every provider.
+    pub circuit_breaker: BreakerOverrides,
+}
+
+/// Optional overrides of the core's circuit-breaker settings (LLMProvider `circuitBreaker`).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerOverrides {
+    /// `consecutiveFailures` (default 5).
+    pub consecutive_failures: Option<u32>,
+    /// `cooldown` (default 5 s).
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub cooldown: Option<Duration>,
+    /// `maxCooldown` (default 60 s).
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub max_cooldown: Option<Duration>,
 }
 
 impl Default for SwitchyardSettings {
@@ -267,6 +283,7 @@ impl Default for SwitchyardSettings {
             pause_wait: Duration::ZERO,
             deadline: Duration::from_secs(60),
             same_provider_retries: 0,
+            circuit_breaker: BreakerOverrides::default(),
         }
     }
 }
@@ -328,6 +345,38 @@ pub struct ProviderSpec {
     /// Time to answer with an error (429, 5xx).
     #[serde(default = "default_error_latency", deserialize_with = "de_duration")]
     pub error_latency: Duration,
+    /// Fixed fates of the first attempts this provider receives, in order of arrival; once the
+    /// script is used up the model above decides again. Scripts are how a replay pins every
+    /// attempt's outcome (the router-equivalence test feeds the same script to the mock
+    /// providers in front of a real router).
+    #[serde(default)]
+    pub script: Vec<ScriptStep>,
+}
+
+/// One scripted attempt outcome (see [`ProviderSpec::script`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ScriptStep {
+    /// A full answer after the provider's base latency.
+    Ok,
+    /// 429 with this `Retry-After`.
+    RateLimited {
+        /// The hint.
+        #[serde(deserialize_with = "de_duration")]
+        retry_after: Duration,
+    },
+    /// An HTTP error with this status (500, 502, 503 …) and no hint.
+    Server {
+        /// The status.
+        status: u16,
+    },
+    /// No response headers until the attempt's deadline.
+    Timeout,
+    /// A 200 stream whose connection breaks before the first content: the router fails over.
+    CutBeforeContent,
+    /// A 200 stream whose connection breaks after content reached the client: the request is
+    /// served (it cannot move) and the attempt still counts as a provider failure.
+    CutAfterContent,
 }
 
 /// How a rate-limit bucket decides whether an attempt fits.
@@ -396,6 +445,30 @@ pub enum Traffic {
     Sessions(SessionTraffic),
     /// Independent requests arriving as a Poisson stream (embeddings).
     Poisson(PoissonTraffic),
+    /// A fixed list of requests (replays); each is its own one-turn session-less request.
+    Script(ScriptTraffic),
+}
+
+/// Requests at fixed times, for replays against scripted providers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptTraffic {
+    /// The requests, in arrival order.
+    pub requests: Vec<ScriptedRequest>,
+    /// Input tokens per request (default 0).
+    #[serde(default)]
+    pub input_tokens: u64,
+}
+
+/// One request of a [`ScriptTraffic`].
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedRequest {
+    /// Arrival, from the scenario start.
+    #[serde(deserialize_with = "de_duration")]
+    pub at: Duration,
+    /// Project number; its affinity key is `project-<n>`, as for session traffic.
+    pub project: u32,
 }
 
 /// Agent sessions: sessions start as a Poisson stream; each belongs to one of `projects`
@@ -517,6 +590,11 @@ impl Scenario {
             Traffic::Poisson(t) => {
                 if t.requests_per_second.min() < 0.0 {
                     return bad("traffic: requests_per_second must be >= 0".into());
+                }
+            }
+            Traffic::Script(t) => {
+                if t.requests.windows(2).any(|w| w[0].at > w[1].at) {
+                    return bad("traffic: scripted requests must be sorted by `at`".into());
                 }
             }
         }

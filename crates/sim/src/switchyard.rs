@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use switchyard_core::availability::{AvailabilityController, ControllerConfig};
+use switchyard_core::breaker::{BreakerConfig, CircuitBreaker};
 use switchyard_core::budget::{FallbackThrottle, RetryBudget};
 use switchyard_core::chain::ChainPins;
 use switchyard_core::classify::{Classification, ErrorClass, class_for_status};
@@ -26,7 +27,7 @@ use switchyard_core::time::Instant;
 use switchyard_core::weights::cascade_weights;
 
 use crate::model::Outcome;
-use crate::scenario::{Scenario, ServiceType, SwitchyardSettings};
+use crate::scenario::{BreakerOverrides, Scenario, ServiceType, SwitchyardSettings};
 use crate::strategy::{Ordered, P2cInFlight, RoundRobin, Strategy, StrategyKind};
 
 /// Builds the strategy object of a baseline run; `None` for `switchyard`, which runs the
@@ -61,6 +62,22 @@ pub(crate) fn controller_config(s: &SwitchyardSettings) -> ControllerConfig {
     }
     if let Some(v) = o.integral_limit {
         c.integral_limit = v;
+    }
+    c
+}
+
+/// The breaker settings of a scenario: core defaults with the scenario's overrides, read as the
+/// router reads an LLMProvider's `circuitBreaker`.
+pub(crate) fn breaker_config(o: &BreakerOverrides) -> BreakerConfig {
+    let mut c = BreakerConfig::default();
+    if let Some(v) = o.consecutive_failures {
+        c.consecutive_failures = v;
+    }
+    if let Some(v) = o.cooldown {
+        c.cooldown = v;
+    }
+    if let Some(v) = o.max_cooldown {
+        c.max_cooldown = v;
     }
     c
 }
@@ -108,12 +125,19 @@ impl Switchyard {
         let projects = match &sc.traffic {
             crate::scenario::Traffic::Sessions(t) => t.projects,
             crate::scenario::Traffic::Poisson(_) => 1024,
+            crate::scenario::Traffic::Script(t) => {
+                t.requests.iter().map(|r| r.project + 1).max().unwrap_or(1)
+            }
         };
         let names: Vec<String> = sc.providers.iter().map(|p| p.name.clone()).collect();
         let mut fleet = LocalFleet::new(names, s.pin, projects as usize * 2);
         fleet.pins =
             ChainPins::new(projects as usize * 2, s.pin).with_refresh_on_hit(s.pin_refresh_on_hit);
         fleet.pauses = Pauses::with_probe(DEFAULT_PROBE_TIMEOUT, s.probe_gate);
+        let breaker = breaker_config(&s.circuit_breaker);
+        fleet.breakers = (0..n)
+            .map(|_| CircuitBreaker::new(breaker.clone()))
+            .collect();
         fleet.budget = s
             .retry_budget_ratio
             .map(|r| RetryBudget::new(r, Duration::from_secs(10), s.retry_budget_floor_per_sec));
@@ -205,6 +229,12 @@ pub(crate) fn outcome_of(o: Outcome) -> (Settled, Result<(), Failure>) {
         ),
         Outcome::Server { status } => (Classification::new(class_for_status(status)), Some(status)),
         Outcome::Timeout => (Classification::new(ErrorClass::Timeout), None),
+        // The router reads a reset before content as a broken connection and fails over.
+        Outcome::StreamCut { content: false } => (Classification::new(ErrorClass::Connect), None),
+        // After content the stream is committed: served, and settled as a server failure.
+        Outcome::StreamCut { content: true } => {
+            return (Settled::Failure(ErrorClass::Server), Ok(()));
+        }
     };
     (
         Settled::Failure(classification.class),

@@ -54,6 +54,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "switchyard-mock",
             "switchyard-providers",
             "switchyard-router",
+            "switchyard-sim",
             "switchyard-testkit",
         ],
     ),
