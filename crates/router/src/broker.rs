@@ -369,52 +369,6 @@ pub fn needs_persistence(b: &BucketSpec) -> bool {
     }
 }
 
-/// Checks, at start and then every `every`, whether the configured Redis persists
-/// (`CONFIG GET save` / `appendonly`) while limits that need it are configured (see
-/// [`needs_persistence`]); if not, logs a warning naming them (once per change) and sets
-/// `switchyard_quota_unpersisted_limits` to their number. Returns at once for the in-process
-/// store. A Redis that does not answer `CONFIG` (managed services often forbid it) is logged
-/// once at debug level and counted as 0: unknown is not reported as a risk.
-pub async fn watch_persistence(app: Arc<crate::server::App>, every: Duration) {
-    if app.broker.store().mode() == switchyard_store::StoreMode::InProcess {
-        return;
-    }
-    let mut last: Option<usize> = None;
-    loop {
-        let at_risk = match app.broker.store().persistence().await {
-            Some(p) if !p.persists() => {
-                let live = app.runtime.live();
-                let table = &live.table;
-                let mut keys: Vec<&str> = table
-                    .tenants
-                    .iter()
-                    .flat_map(|t| t.buckets.iter())
-                    .chain(table.routes.iter().flat_map(|r| r.buckets.iter()))
-                    .chain(table.providers.iter().flat_map(|p| p.buckets.iter()))
-                    .filter(|b| needs_persistence(b))
-                    .map(|b| b.key.as_str())
-                    .collect();
-                keys.sort_unstable();
-                keys.dedup();
-                if last != Some(keys.len()) && !keys.is_empty() {
-                    tracing::warn!(
-                        limits = keys.len(),
-                        first = %keys.iter().take(5).copied().collect::<Vec<_>>().join(", "),
-                        "quota store: Redis persists nothing (save \"\", appendonly no) while daily or longer or spend limits are configured; a Redis restart resets them (see docs/broker.md, Redis persistence)"
-                    );
-                }
-                keys.len()
-            }
-            _ => 0,
-        };
-        last = Some(at_risk);
-        app.metrics
-            .unpersisted_limits
-            .set(i64::try_from(at_risk).unwrap_or(i64::MAX));
-        tokio::time::sleep(every).await;
-    }
-}
-
 /// One provider-reported figure: `remaining` units of `dimension` and, when reported, the time
 /// until the provider's bucket is full again or its window resets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -590,11 +544,11 @@ pub struct OutputBudget {
 /// clamped value fits, and the provider never produces more than was reserved. Embeddings and
 /// rerank reserve no output.
 pub fn output_budget(
-    req: &crate::dispatch::ClientRequest,
+    req: &crate::request::ClientRequest,
     default: u64,
     context_window: Option<u64>,
 ) -> OutputBudget {
-    use crate::dispatch::ClientBody;
+    use crate::request::ClientBody;
     let (cap, choices) = match &req.body {
         ClientBody::Chat(c) => (c.output_cap(), u64::from(c.n.unwrap_or(1).max(1))),
         ClientBody::Messages(m) => (Some(m.max_tokens), 1),
@@ -814,7 +768,7 @@ mod tests {
 #[cfg(test)]
 mod output_tests {
     use super::*;
-    use crate::dispatch::{ClientBody, ClientOp, ClientRequest};
+    use crate::request::{ClientBody, ClientOp, ClientRequest};
 
     fn chat(body: serde_json::Value, input: u64) -> ClientRequest {
         ClientRequest {
@@ -851,7 +805,7 @@ mod output_tests {
                 reserve: 30
             }
         );
-        let crate::dispatch::ClientBody::Chat(c) = &both.body else {
+        let crate::request::ClientBody::Chat(c) = &both.body else {
             unreachable!()
         };
         let mut c = (**c).clone();
@@ -870,7 +824,7 @@ mod output_tests {
                 reserve: 700
             }
         );
-        let crate::dispatch::ClientBody::Chat(c) = &huge.body else {
+        let crate::request::ClientBody::Chat(c) = &huge.body else {
             unreachable!()
         };
         let mut c = (**c).clone();

@@ -64,8 +64,8 @@ pub struct ProviderConfig {
     pub pause_scopes: Vec<String>,
     /// Circuit-breaker settings.
     pub breaker: BreakerConfig,
-    /// Active health probes, when `healthCheck.enabled` (see [`crate::probe::plan`]).
-    pub probes: Option<Arc<crate::probe::ProbePlan>>,
+    /// Active health probes, when `healthCheck.enabled` (see [`switchyard_providers::probe::plan`]).
+    pub probes: Option<Arc<switchyard_providers::probe::ProbePlan>>,
     /// Provider-side quota buckets: its own limits and its quota groups' (shared by key).
     pub buckets: Vec<Arc<BucketSpec>>,
     /// `spec.timeouts.firstToken`, when set: bounds the wait for first content on this
@@ -483,7 +483,7 @@ fn build_provider(p: &LLMProvider, secrets: &SecretSource) -> ProviderConfig {
         execution_regions,
         pause_scopes,
         breaker: breaker_cfg,
-        probes: crate::probe::plan(spec).map(Arc::new),
+        probes: switchyard_providers::probe::plan(spec).map(Arc::new),
         buckets,
         first_token: spec
             .timeouts

@@ -91,9 +91,10 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::app::{self, App};
 use crate::config::{InMemorySecrets, ProviderConfig, RoutingTable, SecretSource};
 use crate::metrics::{ResourceLabel, RouteOutcome};
-use crate::server::{self, App};
+use crate::server;
 use crate::state::{Live, Runtime, lock};
 
 /// Settings of `switchyard router`.
@@ -113,7 +114,7 @@ pub struct Options {
     /// `None` keeps them in this process.
     pub redis: Option<switchyard_store::RedisOptions>,
     /// Connection limits, timeouts and the authentication opt-out.
-    pub serve: server::ServeOptions,
+    pub serve: app::ServeOptions,
 }
 
 impl Options {
@@ -122,11 +123,11 @@ impl Options {
         Options {
             namespace,
             listen,
-            max_body_bytes: server::DEFAULT_MAX_BODY_BYTES,
+            max_body_bytes: app::DEFAULT_MAX_BODY_BYTES,
             resync: DEFAULT_RESYNC,
             debounce: DEFAULT_DEBOUNCE,
             redis: None,
-            serve: server::ServeOptions::default(),
+            serve: app::ServeOptions::default(),
         }
     }
 }
@@ -325,7 +326,7 @@ impl KubeRouter {
             )),
             tokio::spawn(apply_loop(shared)),
             // The table arrives with the reflectors: look again every 15 s.
-            tokio::spawn(crate::broker::watch_persistence(
+            tokio::spawn(crate::control::watch_persistence(
                 app.clone(),
                 std::time::Duration::from_secs(15),
             )),
@@ -587,7 +588,7 @@ async fn apply_loop(shared: Arc<Shared>) {
             _ = tick.tick() => {
                 applier.tick(&shared);
                 since_housekeeping += Duration::from_secs(1);
-                if since_housekeeping >= server::HOUSEKEEPING_INTERVAL {
+                if since_housekeeping >= app::HOUSEKEEPING_INTERVAL {
                     shared.app.runtime.housekeeping(shared.app.clock.now());
                     since_housekeeping = Duration::ZERO;
                 }

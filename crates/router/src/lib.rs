@@ -2,11 +2,26 @@
 //!
 //! A config source builds a [`config::RoutingTable`]; the [`state::Runtime`] pairs it with the
 //! live state (breakers, availability, pins) that outlives reloads; the [`server`] serves the
-//! client API and hands each request to [`dispatch`], which walks the project's sticky chain
-//! (or a p2c pick) with the decisions of `switchyard-core`. [`standalone`] is the embedded
-//! default: manifests from a folder, the control loop in-process.
+//! client API and hands each request to [`dispatch`], the executor of `switchyard-core`'s
+//! dispatch machine. [`standalone`] is the embedded default: manifests from a folder, the
+//! control loop in-process.
+//!
+//! Modules import in one direction only, lower layers never naming higher ones (checked by
+//! `tests/layering.rs`):
+//!
+//! 1. wire formats and request facts: `wire`, `upstream` (from `switchyard-providers`),
+//!    [`protocol_errors`], [`estimate`], [`metrics`];
+//! 2. configuration and shared state: [`config`], [`state`], [`conditions`], [`request`],
+//!    [`transcription`], [`idempotency`], [`broker`];
+//! 3. the process: [`app`];
+//! 4. the executor and the process's views and loops: [`dispatch`], [`signals`],
+//!    [`status`], [`outcomes`], [`probe`], [`control`];
+//! 5. the client-facing server: [`server`];
+//! 6. the two ways to run it: [`standalone`], [`kube_source`].
 
+pub mod app;
 pub mod broker;
+pub mod conditions;
 pub mod config;
 pub mod control;
 pub mod dispatch;
@@ -17,6 +32,7 @@ pub mod metrics;
 pub mod outcomes;
 pub mod probe;
 pub mod protocol_errors;
+pub mod request;
 pub mod server;
 pub mod signals;
 pub mod standalone;

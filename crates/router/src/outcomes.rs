@@ -22,7 +22,7 @@ use switchyard_api::outcomes::{OutcomeReport, ProviderOutcomes};
 use switchyard_core::classify::ErrorClass;
 use switchyard_core::time::Instant;
 
-use crate::server::App;
+use crate::app::App;
 use crate::state::{OutcomeCounters, lock};
 
 /// The replica identity: `POD_NAME` (set from the downward API in the chart), else the host

@@ -26,7 +26,7 @@ pub fn jobs_of(table: &crate::config::RoutingTable) -> Vec<ProbeJob> {
 
 /// [`run`] over the router's own configuration and board: the providers of the snapshot
 /// being served, re-read on every tick so reloads apply. Runs until dropped.
-pub async fn run_for_app(app: Arc<crate::server::App>) {
+pub async fn run_for_app(app: Arc<crate::app::App>) {
     let clock = app.clock;
     run(&app.runtime.health, clock, || {
         jobs_of(&app.runtime.live().table)

@@ -19,7 +19,7 @@ use futures::StreamExt;
 use switchyard_core::classify::ErrorClass;
 use switchyard_store::{Signal, SignalKind};
 
-use crate::server::App;
+use crate::app::App;
 use crate::state::lock;
 
 /// Announces that `scope` is paused until the monotonic `until` (non-blocking).

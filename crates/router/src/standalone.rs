@@ -14,8 +14,9 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use switchyard_api::loader::{LoadErrors, load_dir};
 
+use crate::app::{self, App};
 use crate::config::{RoutingTable, SecretSource};
-use crate::server::{self, App};
+use crate::server;
 use crate::state::{Runtime, lock};
 
 /// Settings of `switchyard standalone`.
@@ -37,7 +38,7 @@ pub struct Options {
     /// How long a completed answer is replayed for a repeated `Idempotency-Key`.
     pub idempotency_ttl: std::time::Duration,
     /// Connection limits, timeouts and the authentication opt-out.
-    pub serve: server::ServeOptions,
+    pub serve: app::ServeOptions,
 }
 
 /// Why standalone mode could not start.
@@ -120,7 +121,7 @@ pub async fn run(
     let control = tokio::spawn(crate::control::run(app.clone()));
     // Active health probes of providers with `healthCheck.enabled` (idle when none is).
     let probes = tokio::spawn(crate::probe::run_for_app(app.clone()));
-    let persistence = tokio::spawn(crate::broker::watch_persistence(
+    let persistence = tokio::spawn(crate::control::watch_persistence(
         app.clone(),
         Duration::from_secs(60),
     ));

@@ -34,8 +34,8 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::dispatch::ApiError;
 use crate::estimate::Estimate;
+use crate::request::ApiError;
 use crate::wire::transcription::{TranscriptionRequest, mime_for_file_name};
 use crate::wire::usage::{NormalizedUsage, UsageSource};
 
@@ -56,7 +56,7 @@ fn invalid(message: impl Into<String>) -> ApiError {
 
 /// Parses the multipart upload `body` (already bounded by the body limit) sent with
 /// `content_type` into the internal request. Returns the request as a JSON object (the
-/// dispatcher's [`crate::dispatch::ClientBody::Json`]) and the duration of the audio in
+/// dispatcher's [`crate::request::ClientBody::Json`]) and the duration of the audio in
 /// seconds (read from a WAV header, else assumed; see the module docs).
 ///
 /// Errors: a 400 `invalid_request` naming the field that is missing or invalid, or saying

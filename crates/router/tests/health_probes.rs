@@ -17,10 +17,10 @@ use switchyard_core::health::{HealthState, ProbeOutcome};
 use switchyard_mock::{
     Fault, FaultRule, FaultSet, MockConfig, MockHandle, MockModality, MockProvider, Trigger,
 };
+use switchyard_router::app::App;
 use switchyard_router::config::{RoutingTable, SecretSource};
 use switchyard_router::health::HealthBoard;
 use switchyard_router::probe::{self, ProbeResult};
-use switchyard_router::server::App;
 use switchyard_router::state::Runtime;
 use switchyard_router::status;
 
@@ -424,7 +424,7 @@ async fn case26_run2_audio_broken_text_stays_healthy_and_routable() {
         runtime.clone(),
         1 << 20,
         switchyard_store::QuotaStore::in_process(),
-        switchyard_router::server::ServeOptions {
+        switchyard_router::app::ServeOptions {
             allow_anonymous: true,
             ..Default::default()
         },

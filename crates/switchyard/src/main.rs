@@ -36,7 +36,7 @@ enum Command {
         #[arg(long)]
         mocks: Option<PathBuf>,
         /// Largest request body in bytes.
-        #[arg(long, default_value_t = switchyard_router::server::DEFAULT_MAX_BODY_BYTES)]
+        #[arg(long, default_value_t = switchyard_router::app::DEFAULT_MAX_BODY_BYTES)]
         max_body_bytes: usize,
         /// Do not watch the manifest folder for changes.
         #[arg(long)]
@@ -70,7 +70,7 @@ enum Command {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
         /// Largest request body in bytes.
-        #[arg(long, default_value_t = switchyard_router::server::DEFAULT_MAX_BODY_BYTES)]
+        #[arg(long, default_value_t = switchyard_router::app::DEFAULT_MAX_BODY_BYTES)]
         max_body_bytes: usize,
         /// Period of the full re-list of every watched kind (`60s`, `5m`), so a replica that
         /// missed a notification converges.
@@ -304,7 +304,7 @@ struct ServeArgs {
     #[arg(long, env = "SWITCHYARD_BODY_READ_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     body_read_timeout: std::time::Duration,
     /// Client connections served at once; further clients wait in the listen backlog.
-    #[arg(long, env = "SWITCHYARD_MAX_CONNECTIONS", default_value_t = switchyard_router::server::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "SWITCHYARD_MAX_CONNECTIONS", default_value_t = switchyard_router::app::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// How long after a provider's pause ends its first request is the only probe until it
     /// answers (field case 2); `0s` turns the gate off.
@@ -313,8 +313,8 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
-    fn options(self) -> switchyard_router::server::ServeOptions {
-        switchyard_router::server::ServeOptions {
+    fn options(self) -> switchyard_router::app::ServeOptions {
+        switchyard_router::app::ServeOptions {
             allow_anonymous: self.allow_anonymous,
             header_read_timeout: self.header_read_timeout,
             body_read_timeout: self.body_read_timeout,
