@@ -4,6 +4,8 @@
 #   bench/load.sh                 # full run (~5 min), writes docs/benchmarks.md and bench/results/
 #   REPS=5 DURATION=10 bench/load.sh
 #   LIMITS=1 bench/load.sh        # also a router whose tenant has limits (~7 min)
+#   BASELINE_BIN=/tmp/old/switchyard BASELINE_LABEL=b808a34 bench/load.sh
+#                                 # also an older build of the router, same manifests (before/after)
 #
 # What it does, in one run:
 #   1. installs wrk (Debian package) if missing, builds `switchyard` in release mode;
@@ -27,7 +29,9 @@
 #
 # Environment knobs: SWITCHYARD_BIN (use this binary, skip the build), NICE (0; a negative
 # value needs root), LIMITS (0; 1 adds the tenant-with-limits target), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
-# ("1 16 64"), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as shipped),
+# ("1 16 64"), BASELINE_BIN (a second switchyard binary run as the "baseline" target: same
+# manifests, interleaved like the others, its CPU per request compared with the router's),
+# BASELINE_LABEL (what that binary is, for the report, e.g. a commit), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as shipped),
 # REPORT (docs/benchmarks.md), RESULTS (bench/results).
 #
 # Needs python3 and curl; the figures in docs/benchmarks.md were taken with NICE=-10.
@@ -38,7 +42,7 @@ cd "$ROOT"
 
 # The exact command, with the knobs that were set, for the report.
 COMMAND_LINE="bench/load.sh"
-for knob in SWITCHYARD_BIN NICE LIMITS ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
+for knob in SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
   if [[ -n "${!knob+x}" ]]; then
     COMMAND_LINE="$knob='${!knob}' $COMMAND_LINE"
   fi
@@ -88,6 +92,13 @@ PIDS=()
 # The whole run uses one copy of the binary, even if a build replaces the original meanwhile.
 cp "$BIN" "$WORK/switchyard"
 BIN="$WORK/switchyard"
+BASELINE="${BASELINE_BIN:-}"
+BASELINE_BUILT=""
+if [[ -n "$BASELINE" ]]; then
+  BASELINE_BUILT="$(date -u -r "$BASELINE" +%FT%TZ)"
+  cp "$BASELINE" "$WORK/switchyard-baseline"
+  BASELINE="$WORK/switchyard-baseline"
+fi
 cleanup() {
   for pid in "${PIDS[@]}"; do
     kill "$pid" 2>/dev/null || true
@@ -109,6 +120,11 @@ while [[ "$ROUTER_PORT" == "$MOCK_PORT" ]]; do ROUTER_PORT="$(free_port)"; done
 LIMITS_PORT="$(free_port)"
 while [[ "$LIMITS_PORT" == "$MOCK_PORT" || "$LIMITS_PORT" == "$ROUTER_PORT" ]]; do
   LIMITS_PORT="$(free_port)"
+done
+BASELINE_PORT="$(free_port)"
+while [[ "$BASELINE_PORT" == "$MOCK_PORT" || "$BASELINE_PORT" == "$ROUTER_PORT" ||
+  "$BASELINE_PORT" == "$LIMITS_PORT" ]]; do
+  BASELINE_PORT="$(free_port)"
 done
 KEY="sk-bench-$(date +%s)"
 
@@ -194,13 +210,14 @@ wait_ready() {
   return 1
 }
 
-# launch_router MANIFESTS PORT LOG: starts a router in the background (its pid in $!).
+# launch_router MANIFESTS PORT LOG [BINARY]: starts a router in the background (its pid in $!).
 launch_router() {
+  local bin="${4:-$BIN}"
   if [[ -n "${ROUTER_LOG:-}" ]]; then
-    RUST_LOG="$ROUTER_LOG" "${RUN[@]}" "$BIN" standalone --manifests "$1" \
+    RUST_LOG="$ROUTER_LOG" "${RUN[@]}" "$bin" standalone --manifests "$1" \
       --listen "127.0.0.1:$2" --secrets-dir "$WORK/secrets" 2>>"$3" &
   else
-    env -u RUST_LOG "${RUN[@]}" "$BIN" standalone --manifests "$1" \
+    env -u RUST_LOG "${RUN[@]}" "$bin" standalone --manifests "$1" \
       --listen "127.0.0.1:$2" --secrets-dir "$WORK/secrets" 2>>"$3" &
   fi
 }
@@ -220,6 +237,14 @@ start_limits_router() {
   PIDS+=("$LIMITS_PID")
   wait_http "http://127.0.0.1:$LIMITS_PORT/healthz"
   wait_ready "http://127.0.0.1:$LIMITS_PORT"
+}
+BASELINE_PID=""
+start_baseline_router() {
+  launch_router "$WORK/manifests" "$BASELINE_PORT" "$WORK/router-baseline.log" "$BASELINE"
+  BASELINE_PID=$!
+  PIDS+=("$BASELINE_PID")
+  wait_http "http://127.0.0.1:$BASELINE_PORT/healthz"
+  wait_ready "http://127.0.0.1:$BASELINE_PORT"
 }
 stop_router() {
   kill "$ROUTER_PID" 2>/dev/null || true
@@ -245,6 +270,11 @@ if [[ "$LIMITS" == 1 ]]; then
   start_limits_router
   TARGETS+=(limits)
   PROBE_URLS+=("http://127.0.0.1:$LIMITS_PORT")
+fi
+if [[ -n "$BASELINE" ]]; then
+  start_baseline_router
+  TARGETS+=(baseline)
+  PROBE_URLS+=("http://127.0.0.1:$BASELINE_PORT")
 fi
 
 # A request through each path must succeed before anything is timed.
@@ -273,6 +303,10 @@ run_wrk() {
   if [[ "$target" == limits ]]; then
     port="$LIMITS_PORT"
     router_pid="$LIMITS_PID"
+  fi
+  if [[ "$target" == baseline ]]; then
+    port="$BASELINE_PORT"
+    router_pid="$BASELINE_PID"
   fi
   [[ "$conc" -lt 2 ]] && threads=1
   [[ "$mode" == stream ]] && stream=1
@@ -312,8 +346,8 @@ for mode in plain stream; do
       run_wrk "$target" "$mode" "$conc" "$WARMUP" 0 >/dev/null
     done
     for rep in $(seq 1 "$REPS"); do
-      # Two targets: alternate the order. Three: rotate it, so in three repetitions each target
-      # runs once first, once second and once third.
+      # Two targets: alternate the order. More: rotate it, so in N repetitions each target
+      # runs once in every position.
       if ((${#TARGETS[@]} == 2)); then
         if ((rep % 2 == 1)); then order="direct router"; else order="router direct"; fi
       else
@@ -334,6 +368,10 @@ if [[ "$LIMITS" == 1 ]]; then
   LIMITS_RSS_AFTER_MATRIX_KIB="$(rss_kib "$LIMITS_PID")"
   kill "$LIMITS_PID" 2>/dev/null || true
   wait "$LIMITS_PID" 2>/dev/null || true
+fi
+if [[ -n "$BASELINE" ]]; then
+  kill "$BASELINE_PID" 2>/dev/null || true
+  wait "$BASELINE_PID" 2>/dev/null || true
 fi
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -406,6 +444,9 @@ cat >"$WORK/meta.json" <<EOF
   "router_rss_start_kib": $RSS_START_KIB,
   "router_rss_after_matrix_kib": $RSS_AFTER_MATRIX_KIB,
   "limits": $LIMITS,
+  "baseline": "${BASELINE_BIN:-}",
+  "baseline_label": "${BASELINE_LABEL:-}",
+  "baseline_built": "$BASELINE_BUILT",
   "limits_rss_start_kib": $LIMITS_RSS_START_KIB,
   "limits_rss_after_matrix_kib": $LIMITS_RSS_AFTER_MATRIX_KIB,
   "memory": {

@@ -6,7 +6,9 @@ Input: `--raw` JSON lines from bench/chat.lua (one per timed wrk run, labelled w
 mode, concurrency and rep) and `--meta` (machine, command, memory figures) from bench/load.sh.
 With `bench/load.sh` run as `LIMITS=1`, a third target ("limits": a router whose tenant has
 limits, so the rate-limit broker estimates, reserves and reconciles every request) gets its own
-table, with its cost over the plain router.
+table, with its cost over the plain router. With `BASELINE_BIN=...`, a fourth target
+("baseline": an older build of the router, same manifests) is compared with the router cell by
+cell: throughput, latency and router CPU per request, the before/after check of a refactor.
 
 The hand-written files bench/history.md (earlier figures) and bench/profile.md (profile notes),
 if present, are appended to the report in that order so a rerun keeps them (their own dates say
@@ -20,6 +22,8 @@ import statistics
 from pathlib import Path
 
 # Targets of issue 4 ("Targets").
+# Before/after (issue 13): router CPU per request at most this much above the baseline build's.
+BASELINE_CPU_MAX_INCREASE = 0.05
 ADDED_P50_MS = 0.15
 ADDED_P99_MS = 1.0
 TARGET_CONCURRENCY = 16
@@ -97,6 +101,22 @@ def rows(summary):
                 "broker_cpu_us_per_req": q["router_cpu_us"] - r["router_cpu_us"],
                 "limits_errors": q["errors"],
             }
+        b = summary.get((mode, conc, "baseline"))
+        if b:
+            limits.update(
+                {
+                    "baseline_rps": b["rps"],
+                    "baseline_p50_ms": b["p50_ms"],
+                    "baseline_p99_ms": b["p99_ms"],
+                    "baseline_cpu_us_per_req": b["router_cpu_us"],
+                    "cpu_change_vs_baseline": (
+                        r["router_cpu_us"] / b["router_cpu_us"] - 1
+                        if b["router_cpu_us"]
+                        else float("nan")
+                    ),
+                    "baseline_errors": b["errors"],
+                }
+            )
         result.append(
             {
                 "mode": mode,
@@ -216,6 +236,8 @@ def render(table, meta):
     add("")
     if any("limits_rps" in r for r in table):
         render_limits(table, meta, add)
+    if any("baseline_rps" in r for r in table):
+        render_baseline(table, meta, add)
     add("## Memory")
     add("")
     add(
@@ -356,6 +378,38 @@ def render_limits(table, meta, add):
             f" {after / 1024:.1f} MiB after the matrix."
         )
         add("")
+
+
+def render_baseline(table, meta, add):
+    """The baseline target: an older build of the router against this one, same run."""
+    label = meta.get("baseline_label") or meta.get("baseline") or "an older build"
+    add(f"## Before and after: this build against {label}")
+    add("")
+    add(
+        f"A third router process runs the binary `{meta.get('baseline')}` (built"
+        f" {meta.get('baseline_built', '?')}, {label}) on the same manifests, interleaved with"
+        " direct and this build's router in every cell (order rotated per repetition)."
+        f" Target: router CPU per request at most {BASELINE_CPU_MAX_INCREASE:.0%} above the"
+        " baseline's in every cell."
+    )
+    add("")
+    add(
+        "| mode | conc. | baseline req/s | router req/s | baseline p50 ms | router p50 ms |"
+        " baseline µs/req | router µs/req | CPU change | verdict |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in table:
+        if "baseline_rps" not in r:
+            continue
+        change = r["cpu_change_vs_baseline"]
+        add(
+            f"| {MODE_NAMES.get(r['mode'], r['mode'])} | {r['concurrency']} |"
+            f" {r['baseline_rps']:.0f} | {r['router_rps']:.0f} |"
+            f" {r['baseline_p50_ms']:.3f} | {r['router_p50_ms']:.3f} |"
+            f" {r['baseline_cpu_us_per_req']:.0f} | {r['router_cpu_us_per_req']:.0f} |"
+            f" {100 * change:+.1f} % | {verdict(change <= BASELINE_CPU_MAX_INCREASE)} |"
+        )
+    add("")
 
 
 def main():
