@@ -657,3 +657,69 @@ async fn standalone_reloads_manifests_and_keeps_last_good_config_on_invalid_chan
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.provider().as_deref(), Some("p2"));
 }
+
+/// Two projects pinned to `p-a` and one brief `Retry-After: 1` on `p-a` (the first streaming
+/// request it sees); returns how the first project's next, non-streaming request was served:
+/// (provider, attempts, seconds it took).
+async fn after_brief_pause_of_the_head(cache_hold: &str) -> (String, Option<u32>, f64) {
+    let limited = FaultRule::always(Fault::RateLimited {
+        retry_after: Some(1),
+        http_date: false,
+        retry_after_ms: None,
+        reset_requests: None,
+        reset_tokens: None,
+    })
+    .when(Trigger {
+        next: Some(1),
+        stream: Some(true),
+        ..Trigger::default()
+    });
+    let setup = Setup::new()
+        .provider(Provider::openai("p-a").mock(|m| m.faults = FaultSet::rules([limited])))
+        .provider(Provider::openai("p-b"))
+        .policy(Policy::chat(MODEL, &["p-a", "p-b"]).set(
+            "affinity",
+            &format!("{{header: {PROJECT_HEADER}, cacheHold: {cache_hold}}}"),
+        ));
+    let stack = Stack::start(setup).await;
+    // With every provider healthy the cascade gives p-a weight 1: every project heads there.
+    let holder = "hold-1";
+    assert_eq!(first_choice(&stack, holder).await, "p-a");
+    let other = "hold-2";
+    assert_eq!(first_choice(&stack, other).await, "p-a");
+    let r = stack
+        .stream(
+            "/v1/chat/completions",
+            Some(other),
+            chat_body(MODEL, "hello", true),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert_eq!(r.provider().as_deref(), Some("p-b"), "the 429 moved it on");
+    let t0 = Instant::now();
+    let r = stack.chat(MODEL, Some(holder)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    (
+        r.provider().unwrap(),
+        r.attempts(),
+        t0.elapsed().as_secs_f64(),
+    )
+}
+
+/// `affinity.cacheHold` (default 5 s, the simulator's choice): a pinned project whose cache
+/// holder is paused for a second waits for it instead of re-sending its context elsewhere;
+/// `cacheHold: 0s` spills at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_hold_waits_for_a_briefly_paused_cache_holder() {
+    let _g = serial().await;
+    let (provider, attempts, secs) = after_brief_pause_of_the_head("5s").await;
+    assert_eq!(provider, "p-a", "held for the cache holder ({secs:.2} s)");
+    assert_eq!(attempts, Some(1));
+    assert!(
+        (0.3..3.0).contains(&secs),
+        "waited {secs:.2} s for a 1 s pause"
+    );
+    let (provider, _, secs) = after_brief_pause_of_the_head("0s").await;
+    assert_eq!(provider, "p-b", "cacheHold 0s spills at once");
+    assert!(secs < 0.5, "took {secs:.2} s without a hold");
+}

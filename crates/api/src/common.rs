@@ -141,6 +141,38 @@ pub mod condition {
     pub const DEGRADED_BELOW: f64 = 0.5;
 }
 
+/// A wall-clock time in the Kubernetes `Time` type, truncated to whole milliseconds (what the
+/// API server keeps); out-of-range times become the Unix epoch.
+pub fn k8s_time(
+    at: chrono::DateTime<chrono::Utc>,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_millisecond(at.timestamp_millis())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+/// One status condition of `type_` (`"True"` when `status`), with `since` as its
+/// `lastTransitionTime`; how `since` is kept across updates is the caller's (the operator reads
+/// the object's current conditions, the standalone router remembers them in memory).
+pub fn new_condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: type_.to_owned(),
+        status: if status { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: since,
+        observed_generation: generation,
+    }
+}
+
 /// CamelCase reasons used in conditions.
 pub mod reason {
     /// The object is valid and serving.

@@ -143,7 +143,8 @@ pub struct AffinitySpec {
     /// How long the first attempt of a project with a live pin waits for the head of its
     /// chain, the provider holding its prompt cache, while that provider is paused after a
     /// rate limit, instead of spilling the whole context to a provider without the cache
-    /// (default `0s`: spill at once). Only pauses no longer than this are waited out.
+    /// (default `5s`, chosen by the simulator's sweep in docs/simulation.md; `0s` spills at
+    /// once). Only pauses no longer than this are waited out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub cache_hold: Option<String>,
@@ -223,8 +224,8 @@ pub struct FallbackSpec {
     pub first_token_timeout: Option<String>,
     /// When every provider of the policy is paused (Retry-After, overload cooldown) or has its
     /// circuit open, how long after arrival a request may wait for the earliest to come back
-    /// (default `0s`: answer 429 at once with that provider's Retry-After). Bounded by the
-    /// request deadline.
+    /// (default `30s`, chosen by the simulator's sweep in docs/simulation.md; `0s` answers 429
+    /// at once with that provider's Retry-After). Bounded by the request deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub pause_wait: Option<String>,

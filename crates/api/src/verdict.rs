@@ -90,6 +90,16 @@ pub struct SecretIndex {
     access: SecretAccess,
 }
 
+/// The key names of a Secret, each with whether its value is non-empty (`data` then
+/// `stringData`), for [`SecretIndex::insert`]; the values themselves are never copied.
+pub fn secret_keys(secret: &k8s_openapi::api::core::v1::Secret) -> Vec<(String, bool)> {
+    let data = secret.data.iter().flatten();
+    let strings = secret.string_data.iter().flatten();
+    data.map(|(k, v)| (k.clone(), !v.0.is_empty()))
+        .chain(strings.map(|(k, v)| (k.clone(), !v.is_empty())))
+        .collect()
+}
+
 /// The message of a [`SecretAccess::Unreadable`] cache, from the API server's refusal.
 pub fn secrets_unreadable(namespace: Option<&str>, code: u16, message: &str) -> String {
     let scope = match namespace {

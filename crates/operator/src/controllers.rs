@@ -203,17 +203,7 @@ async fn index_secrets(
             (
                 s.namespace().unwrap_or_default(),
                 s.name_any(),
-                s.data
-                    .iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), !v.0.is_empty()))
-                    .chain(
-                        s.string_data
-                            .iter()
-                            .flatten()
-                            .map(|(k, v)| (k.clone(), !v.is_empty())),
-                    )
-                    .collect::<Vec<_>>(),
+                switchyard_api::verdict::secret_keys(s),
             )
         };
         let did_change = match event {

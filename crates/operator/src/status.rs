@@ -26,7 +26,7 @@
 //! weights, and a 1e-12 wobble must not cost an API write every interval.
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use serde::Serialize;
 use switchyard_api::common::condition::{self, DEGRADED_BELOW};
@@ -53,12 +53,7 @@ pub struct ProviderFigures {
 }
 
 /// A wall-clock time as a Kubernetes `Time` (whole milliseconds, as the router writes it).
-pub fn time(at: DateTime<Utc>) -> Time {
-    Time(
-        k8s_openapi::jiff::Timestamp::from_millisecond(at.timestamp_millis())
-            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-    )
-}
+pub use switchyard_api::common::k8s_time as time;
 
 /// Rounds a figure to 4 decimals (see the module docs); NaN becomes 0.
 pub fn round(x: f64) -> f64 {
@@ -84,14 +79,14 @@ pub fn condition(
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
         .map_or_else(|| time(now), |c| c.last_transition_time.clone());
-    Condition {
-        type_: type_.to_owned(),
-        status: status.to_owned(),
-        reason: reason.to_owned(),
+    switchyard_api::common::new_condition(
+        type_,
+        status == "True",
+        reason,
         message,
-        last_transition_time: since,
-        observed_generation: generation,
-    }
+        generation,
+        since,
+    )
 }
 
 fn ready(

@@ -6,17 +6,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::state::lock;
 
 /// A wall-clock time in the Kubernetes `Time` type (whole milliseconds).
-pub fn time(at: DateTime<Utc>) -> Time {
-    Time(
-        k8s_openapi::jiff::Timestamp::from_millisecond(at.timestamp_millis())
-            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-    )
-}
+pub use switchyard_api::common::k8s_time as time;
 
 /// Remembered condition statuses, so `lastTransitionTime` moves only on a flip.
 #[derive(Debug, Default)]
@@ -42,13 +37,13 @@ impl Transitions {
         if entry.0 != status {
             *entry = (status.clone(), now);
         }
-        Condition {
-            type_: kind.to_owned(),
-            status,
-            reason: reason.to_owned(),
+        switchyard_api::common::new_condition(
+            kind,
+            entry.0 == "True",
+            reason,
             message,
-            last_transition_time: time(entry.1),
-            observed_generation: generation,
-        }
+            generation,
+            time(entry.1),
+        )
     }
 }

@@ -18,6 +18,7 @@ use switchyard_api::{LLMProvider, Limit, LimitDimension, RoutingPolicy, TenantQu
 use switchyard_core::availability::ControllerConfig;
 use switchyard_core::breaker::BreakerConfig;
 use switchyard_core::classify::ErrorClass;
+use switchyard_core::dispatch::{DEFAULT_CACHE_HOLD, DEFAULT_PAUSE_WAIT};
 use switchyard_core::quota::{BucketSpec, Dimension, Scope};
 
 use crate::upstream::{ProviderKind, UpstreamClient};
@@ -602,9 +603,12 @@ fn build_route(
         },
         pause: switchyard_core::pause::PausePolicy::default(),
         deadline,
-        cache_hold: Some(duration::or(affinity.cache_hold.as_deref(), Duration::ZERO))
-            .filter(|d| !d.is_zero()),
-        pause_wait: duration::or(fallback.pause_wait.as_deref(), Duration::ZERO),
+        cache_hold: Some(duration::or(
+            affinity.cache_hold.as_deref(),
+            DEFAULT_CACHE_HOLD,
+        ))
+        .filter(|d| !d.is_zero()),
+        pause_wait: duration::or(fallback.pause_wait.as_deref(), DEFAULT_PAUSE_WAIT),
     };
     Route {
         key: format!("{namespace}/{name}"),

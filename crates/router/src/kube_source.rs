@@ -613,17 +613,7 @@ fn secret_index(secrets: &[Arc<Secret>]) -> SecretIndex {
     let mut index = SecretIndex::default();
     index.set_access(SecretAccess::Synced);
     for s in secrets {
-        let keys = s
-            .data
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), !v.0.is_empty()))
-            .chain(
-                s.string_data
-                    .iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), !v.is_empty())),
-            );
+        let keys = switchyard_api::verdict::secret_keys(s);
         index.insert(
             &s.namespace().unwrap_or_else(|| "default".to_owned()),
             &s.name_any(),

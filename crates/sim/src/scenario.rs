@@ -220,8 +220,8 @@ pub struct SwitchyardSettings {
     pub skips_count_as_errors: bool,
     /// RoutingPolicy `affinity.cacheHold`: when the head of a project's chain (the provider
     /// holding its prompt cache) is paused for at most this long, the first attempt waits for
-    /// it instead of spilling down the chain. `None` or `0s` (the router's default) = spill at
-    /// once, as DESIGN §3.
+    /// it instead of spilling down the chain. Default 5 s, the router's (`DEFAULT_CACHE_HOLD`);
+    /// `0s` = spill at once, as DESIGN §3.
     #[serde(deserialize_with = "de_opt_duration")]
     pub cache_hold: Option<Duration>,
     /// The router's `--probe-gate`: how long after a pause ends the single-probe gate stays
@@ -239,8 +239,8 @@ pub struct SwitchyardSettings {
     /// worth); `None` (default) disables it.
     pub fallback_throttle_per_sec: Option<f64>,
     /// RoutingPolicy `fallback.pauseWait`: how long after arrival a request whose every
-    /// candidate is paused or open may wait for the earliest to come back (default `0s`, the
-    /// router's: answer at once).
+    /// candidate is paused or open may wait for the earliest to come back (default 30 s, the
+    /// router's `DEFAULT_PAUSE_WAIT`; `0s` answers at once).
     #[serde(deserialize_with = "de_duration")]
     pub pause_wait: Duration,
     /// RoutingPolicy `deadline` (default 60 s): the request deadline, of which one attempt
@@ -274,13 +274,13 @@ impl Default for SwitchyardSettings {
             pin: Duration::from_secs(300),
             pin_refresh_on_hit: true,
             skips_count_as_errors: true,
-            cache_hold: None,
+            cache_hold: Some(switchyard_core::dispatch::DEFAULT_CACHE_HOLD),
             probe_gate: switchyard_core::pause::DEFAULT_PROBE_GATE,
             controller: ControllerOverrides::default(),
             retry_budget_ratio: Some(0.2),
             retry_budget_floor_per_sec: 5,
             fallback_throttle_per_sec: None,
-            pause_wait: Duration::ZERO,
+            pause_wait: switchyard_core::dispatch::DEFAULT_PAUSE_WAIT,
             deadline: Duration::from_secs(60),
             same_provider_retries: 0,
             circuit_breaker: BreakerOverrides::default(),

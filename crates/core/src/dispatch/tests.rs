@@ -791,6 +791,40 @@ fn cache_hold_waits_out_a_short_pause_of_a_pinned_head() {
 }
 
 #[test]
+fn cache_hold_spills_when_the_pause_outlasts_the_deadline() {
+    let mut f = fleet(2);
+    let chain = chain_of(&mut f, "proj");
+    let members: Vec<Member> = (0..2).map(member).collect();
+    let policy = Policy {
+        cache_hold: Some(Duration::from_secs(5)),
+        deadline: Duration::from_secs(1),
+        ..Policy::default()
+    };
+    run(
+        policy,
+        &mut f,
+        request("proj", T0, members.clone()),
+        &mut Script::default(),
+    );
+    let head = f.names[chain[0]].clone();
+    let at = T0 + Duration::from_secs(1);
+    // Within the hold (3 s ≤ 5 s) but past the 1 s deadline: waiting could only fail.
+    f.pauses
+        .pause(&head, Duration::from_secs(3), at, ErrorClass::Capacity);
+    let trace = run(
+        policy,
+        &mut f,
+        request("proj", at, members),
+        &mut Script::default(),
+    );
+    assert!(
+        !trace.iter().any(|a| matches!(a, Action::Wait { .. })),
+        "{trace:?}"
+    );
+    assert_eq!(sends(&trace), vec![chain[1]]);
+}
+
+#[test]
 fn a_request_past_its_deadline_is_not_sent() {
     let mut f = fleet(2);
     let policy = Policy {
