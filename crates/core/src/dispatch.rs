@@ -34,6 +34,12 @@
 //!    between the next member, a same-provider retry after a wait, or giving up. A request
 //!    served below the head of its chain moves that member to the front (the project follows
 //!    its prompt cache).
+//!    A capacity refusal (429) is not a failure of the provider: it says the provider is full
+//!    for now. Such an attempt does not use up `max_attempts` (up to [`MAX_CAPACITY_RESENDS`]
+//!    per request), the member may be tried again once its pause is over, and while the request
+//!    waits for room the retry budget paces its re-sends instead of dropping it. A full fleet
+//!    thus sheds what does not fit into a wait (issue 18: during a primary outage the spill-over
+//!    filled the secondaries, and requests that met two 429s failed at once).
 //! 6. **Nothing served**: with `pause_wait`, a request whose every remaining member is paused
 //!    or open waits for the earliest one to come back (bounded by the request deadline);
 //!    otherwise a [`Verdict`] says why, with the `Retry-After` to advertise.
@@ -132,6 +138,14 @@ pub const DEFAULT_CACHE_HOLD: Duration = Duration::from_secs(5);
 /// RoutingPolicy `fallback.pauseWait` default: 30 s, from the same sweep as
 /// [`DEFAULT_CACHE_HOLD`] (primary-outage mean client errors 3.9 % → 2.0 % against 0 s).
 pub const DEFAULT_PAUSE_WAIT: Duration = Duration::from_secs(30);
+
+/// Capacity refusals (429s) per request that do not use up `maxAttempts`: each is followed by
+/// a wait for that provider's own pause to end, so with `pauseWait` they are few; the cap keeps
+/// the work one request can cause bounded whatever the pauses are.
+pub const MAX_CAPACITY_RESENDS: u32 = 4;
+
+/// How long a request waiting for capacity waits before asking the retry budget again.
+const BUDGET_RECHECK: Duration = Duration::from_millis(500);
 
 impl Default for Policy {
     /// The bare machine: sticky chain, 3 attempts, fall back on every provider-side class, one
@@ -521,6 +535,12 @@ pub struct Dispatch {
     walk: Walk,
     tried: Vec<bool>,
     attempts: u32,
+    /// Attempts that ended in a capacity refusal ([`ErrorClass::Capacity`]); they do not use
+    /// up `max_attempts` (at most [`MAX_CAPACITY_RESENDS`] of them).
+    capacity_refusals: u32,
+    /// Per member: its last attempt of this request was a capacity refusal, so it may be tried
+    /// again once its pause is over.
+    refused_full: Vec<bool>,
     last_member: Option<usize>,
     queued: bool,
     queue_deadline: Option<Instant>,
@@ -544,6 +564,8 @@ impl Dispatch {
             walk: Walk::default(),
             tried: vec![false; n],
             attempts: 0,
+            capacity_refusals: 0,
+            refused_full: vec![false; n],
             last_member: None,
             queued: false,
             queue_deadline: None,
@@ -554,6 +576,12 @@ impl Dispatch {
     /// Attempts sent so far.
     pub fn attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// Attempts that count against `max_attempts`: every attempt but the capacity refusals
+    /// (at most [`MAX_CAPACITY_RESENDS`]) that were waited out.
+    fn spent(&self) -> u32 {
+        self.attempts - self.capacity_refusals
     }
 
     /// The route position of the last attempt, if any.
@@ -735,7 +763,7 @@ impl Dispatch {
         let Some(&pos) = self.walk.order.get(self.walk.n) else {
             return Some(self.walk_over(now));
         };
-        if self.tried[pos] && self.walk.same_used == 0 {
+        if self.tried[pos] && self.walk.same_used == 0 && !self.refused_full[pos] {
             self.skip();
             return None;
         }
@@ -791,7 +819,7 @@ impl Dispatch {
             self.skip();
             return None;
         }
-        if self.attempts >= self.policy.max_attempts {
+        if self.spent() >= self.policy.max_attempts {
             self.walk.stop = Some(Stop::MaxAttempts);
             return Some(self.walk_over(now));
         }
@@ -814,6 +842,13 @@ impl Dispatch {
             fleet.retry_budget(|b| b.record_attempt(now));
         } else if fleet.retry_budget(|b| b.try_withdraw(now)) == Some(false) {
             fleet.breaker(provider, |b| b.on_cancel(now));
+            if self.capacity_refusals > 0 {
+                // Waiting for room after a rate limit: the budget paces the re-sends (it
+                // refills with first attempts and its floor), it does not drop the request.
+                self.wake_at(now + BUDGET_RECHECK);
+                self.skip();
+                return None;
+            }
             self.walk.stop = Some(Stop::RetryBudget);
             return Some(self.walk_over(now));
         }
@@ -844,7 +879,7 @@ impl Dispatch {
         // noticed by a timeout: while another member could still be tried, one attempt may use
         // at most half of the time left, leaving the rest for a fallback.
         let remaining = self.deadline.saturating_since(now);
-        let fallback_possible = self.attempts < self.policy.max_attempts
+        let fallback_possible = self.spent() < self.policy.max_attempts
             && self.unpaused_after(fleet, self.walk.n + 1, now);
         let attempt_deadline = if fallback_possible {
             now + remaining / 2
@@ -942,7 +977,9 @@ impl Dispatch {
                 let tries = self.req.members.len();
                 self.walk = Walk::default();
                 self.tried = vec![false; tries];
+                self.refused_full = vec![false; tries];
                 self.attempts = 0;
+                self.capacity_refusals = 0;
                 self.begin_walk(fleet, now, rng);
                 None
             }
@@ -989,6 +1026,14 @@ impl Dispatch {
             return Some(self.walk_over(now));
         }
         self.walk.consecutive_failures += 1;
+        // A full provider (a rate limit, not a failure) sheds this request; once its pause
+        // is over it may take the request after all, within `pauseWait` and the deadline,
+        // without using up an attempt: spill on, queue, never drop what could fit.
+        let full = c.class == ErrorClass::Capacity && self.capacity_refusals < MAX_CAPACITY_RESENDS;
+        self.refused_full[pos] = full;
+        if full {
+            self.capacity_refusals += 1;
+        }
         if let Some(pause) = self.policy.pause.scope_pause(c, rng) {
             // Capacity and exhaustion answers speak for the whole upstream quota: pause the
             // provider and every quota group it shares (field case 2).
@@ -1004,6 +1049,9 @@ impl Dispatch {
             });
             for (scope, until) in paused {
                 fleet.paused(&scope, until);
+                if full {
+                    self.wake_at(until);
+                }
             }
             self.walk.admission = Some(Admission::Open);
         } else {
@@ -1032,6 +1080,13 @@ impl Dispatch {
                 self.walk.same_used += 1;
                 self.phase = Phase::Backoff;
                 Some(self.wait_for(Action::Wait { until: now + wait }))
+            }
+            RetryDecision::GiveUp { retry_after } if full && now < self.deadline => {
+                // Nobody else can take it now, but the full provider (or another) may within
+                // `pauseWait`: walk on, and the walk's end waits for the earliest pause.
+                self.walk.give_up_hint = retry_after;
+                self.skip();
+                None
             }
             RetryDecision::GiveUp { retry_after } => {
                 self.walk.give_up_hint = retry_after;

@@ -91,6 +91,33 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonProtocolErrors<S> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
+    /// Vectored writes go straight through (hyper then queues head and body as separate
+    /// buffers instead of copying them into one), except a write whose only non-empty buffer
+    /// is one of hyper's bare error heads.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        ready!(self.drain(cx))?;
+        let mut non_empty = bufs.iter().filter(|b| !b.is_empty());
+        if let (Some(only), None) = (non_empty.next(), non_empty.next())
+            && let Some(replacement) = replacement(only)
+        {
+            self.pending = replacement;
+            self.written = 0;
+            if let Poll::Ready(Err(e)) = self.drain(cx) {
+                return Poll::Ready(Err(e));
+            }
+            return Poll::Ready(Ok(only.len()));
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.drain(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
@@ -102,9 +129,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonProtocolErrors<S> {
     }
 }
 
+/// Longest head hyper's bare error responses have (status line, `content-length: 0`, `date`,
+/// `connection: close`: about 130 bytes); anything longer is not one of them.
+const MAX_BARE_HEAD: usize = 256;
+
 /// The JSON response replacing `buf`, when `buf` is one of hyper's automatic protocol error
 /// responses (module docs).
 fn replacement(buf: &[u8]) -> Option<Vec<u8>> {
+    // Cheap checks first: every response the router writes passes through here.
+    if buf.len() > MAX_BARE_HEAD || !buf.starts_with(b"HTTP/1.1 4") || !buf.ends_with(b"\r\n\r\n") {
+        return None;
+    }
     let head = std::str::from_utf8(buf).ok()?.strip_suffix("\r\n\r\n")?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next()?;
@@ -182,5 +217,47 @@ mod tests {
         assert!(replacement(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n").is_none());
         assert!(replacement(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").is_none());
         assert!(replacement(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n{}").is_none());
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_pass_through_and_bare_heads_are_still_replaced() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let mut wrapped = JsonProtocolErrors::new(server);
+        // A normal response as hyper queues it: head and body in separate buffers.
+        let head =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n";
+        let bufs = [io::IoSlice::new(head), io::IoSlice::new(b"{}")];
+        let mut sent = 0;
+        while sent < head.len() + 2 {
+            let n = wrapped.write_vectored(&bufs).await.unwrap();
+            assert!(n > 0);
+            sent += n;
+            if n < head.len() + 2 {
+                // duplex writes one buffer per call; write the rest plainly.
+                let all = [&head[..], b"{}"].concat();
+                wrapped.write_all(&all[sent..]).await.unwrap();
+                sent = all.len();
+            }
+        }
+        // A bare error head alone in a vectored write.
+        let bare = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+        let n = wrapped
+            .write_vectored(&[io::IoSlice::new(b""), io::IoSlice::new(bare)])
+            .await
+            .unwrap();
+        assert_eq!(n, bare.len());
+        wrapped.shutdown().await.unwrap();
+        drop(wrapped);
+        let mut got = String::new();
+        let mut client = client;
+        client.read_to_string(&mut got).await.unwrap();
+        let (first, second) = got.split_at(head.len() + 2);
+        assert_eq!(first.as_bytes(), [&head[..], b"{}"].concat().as_slice());
+        assert!(
+            second.starts_with("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json"),
+            "{second}"
+        );
+        assert!(second.contains("\"invalid_request\""), "{second}");
     }
 }

@@ -206,3 +206,25 @@ fn run_same_scenario_twice_gives_identical_results() {
     assert_eq!(a.summary, b.summary);
     assert_eq!(a.intervals, b.intervals);
 }
+
+#[test]
+fn primary_outage_full_secondaries_shed_into_waits_not_errors() {
+    // Issue 18 item 1, first part: a 429 from a provider that our own spill-over filled is
+    // waited out, not counted as a spent attempt. On the shipped seed that halves the
+    // outage's client errors (1.768 % before) and keeps affinity and the cache saving. The
+    // issue's target, ≤ 0.1 %, is NOT met yet (docs/simulation.md says why); this guards what
+    // is reached.
+    let sc = scenario("primary-outage.yaml");
+    let sw = run_scenario(&sc, StrategyKind::Switchyard).summary;
+    let ordered = run_scenario(&sc, StrategyKind::Ordered).summary;
+    assert!(
+        sw.client_error_rate < 0.01,
+        "client errors {:.3} % ≥ 1 %",
+        sw.client_error_rate * 100.0
+    );
+    assert!(sw.affinity_retention >= 0.95, "{sw:?}");
+    assert!(
+        sw.uncached_tokens <= ordered.uncached_tokens,
+        "{sw:?} vs {ordered:?}"
+    );
+}

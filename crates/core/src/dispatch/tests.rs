@@ -940,3 +940,146 @@ fn every_provider_refusing_before_anything_was_sent_queues_like_a_tenant_refusal
     );
     assert!(matches!(trace.last(), Some(Action::Served { .. })));
 }
+
+fn no_same_provider_retry() -> RetryPolicy {
+    RetryPolicy {
+        same_provider_retries: 0,
+        ..RetryPolicy::default()
+    }
+}
+
+#[test]
+fn a_full_provider_is_waited_for_instead_of_failing_the_request() {
+    // Both members answer 429 (Retry-After 2 s, then 3 s); with pauseWait the request waits
+    // for the earliest pause end and is served there. Two refusals and one success = three
+    // sends, yet `max_attempts: 2` is not used up: refusals for capacity do not count.
+    let mut f = fleet(2);
+    let chain = chain_of(&mut f, "proj");
+    let policy = Policy {
+        max_attempts: 2,
+        pause_wait: Duration::from_secs(30),
+        retry: no_same_provider_retry(),
+        ..Policy::default()
+    };
+    let mut script = Script {
+        outcomes: VecDeque::from([
+            Err(rate_limited(Duration::from_secs(2))),
+            Err(rate_limited(Duration::from_secs(3))),
+        ]),
+        ..Script::default()
+    };
+    let trace = run(
+        policy,
+        &mut f,
+        request("proj", T0, (0..2).map(member).collect()),
+        &mut script,
+    );
+    // The third send goes to whichever pause ends first (pauses carry jitter).
+    assert_eq!(sends(&trace)[..2], [chain[0], chain[1]], "{trace:?}");
+    assert_eq!(sends(&trace).len(), 3, "{trace:?}");
+    assert!(
+        matches!(trace.last(), Some(Action::Served { .. })),
+        "{trace:?}"
+    );
+    assert!(trace.iter().any(|a| matches!(a, Action::Wait { .. })));
+
+    // Without pauseWait the same refusals answer the client at once.
+    let mut f = fleet(2);
+    let mut script = Script {
+        outcomes: VecDeque::from([
+            Err(rate_limited(Duration::from_secs(2))),
+            Err(rate_limited(Duration::from_secs(3))),
+        ]),
+        ..Script::default()
+    };
+    let policy = Policy {
+        max_attempts: 2,
+        retry: no_same_provider_retry(),
+        ..Policy::default()
+    };
+    let trace = run(
+        policy,
+        &mut f,
+        request("proj", T0, (0..2).map(member).collect()),
+        &mut script,
+    );
+    assert_eq!(sends(&trace).len(), 2);
+    assert!(
+        matches!(
+            trace.last(),
+            Some(Action::Respond(Verdict::Exhausted { .. }))
+        ),
+        "{trace:?}"
+    );
+}
+
+#[test]
+fn capacity_resends_are_capped() {
+    // A provider that answers 429 forever: the request gives up after the free resends plus
+    // its attempt limit, never loops.
+    let mut f = fleet(1);
+    let policy = Policy {
+        max_attempts: 1,
+        pause_wait: Duration::from_secs(3600),
+        deadline: Duration::from_secs(3600),
+        ..Policy::default()
+    };
+    let mut script = Script {
+        outcomes: (0..20)
+            .map(|_| Err(rate_limited(Duration::from_secs(1))))
+            .collect(),
+        ..Script::default()
+    };
+    let trace = run(
+        policy,
+        &mut f,
+        request("proj", T0, vec![member(0)]),
+        &mut script,
+    );
+    assert_eq!(
+        sends(&trace).len() as u32,
+        MAX_CAPACITY_RESENDS + 1,
+        "{trace:?}"
+    );
+    assert!(matches!(
+        trace.last(),
+        Some(Action::Respond(Verdict::Exhausted { .. }))
+    ));
+}
+
+#[test]
+fn a_request_waiting_for_capacity_is_paced_not_dropped_by_the_retry_budget() {
+    let mut f = fleet(2);
+    // An empty budget: no retries at all, only first attempts.
+    f.budget = Some(RetryBudget::new(0.0, Duration::from_secs(10), 0));
+    let policy = Policy {
+        pause_wait: Duration::from_secs(5),
+        ..Policy::default()
+    };
+    let mut script = Script {
+        outcomes: VecDeque::from([Err(rate_limited(Duration::from_secs(1)))]),
+        ..Script::default()
+    };
+    let trace = run(
+        policy,
+        &mut f,
+        request("proj", T0, (0..2).map(member).collect()),
+        &mut script,
+    );
+    // One send; every retry is refused by the budget, so the request waits until pauseWait is
+    // over and answers with the provider's 429, not a budget stop.
+    assert_eq!(sends(&trace).len(), 1, "{trace:?}");
+    match trace.last() {
+        Some(Action::Respond(Verdict::Exhausted { stop, .. })) => {
+            assert_eq!(*stop, None, "{trace:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        trace
+            .iter()
+            .filter(|a| matches!(a, Action::Wait { .. }))
+            .count()
+            >= 2
+    );
+}
