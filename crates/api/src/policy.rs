@@ -201,7 +201,9 @@ pub struct FallbackSpec {
     /// Error classes that move a request down its chain (default: all provider-side classes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub on: Vec<FallbackErrorClass>,
-    /// Attempts per client request across providers, the first included (default 3).
+    /// Attempts per client request across providers, the first included (default 3). A
+    /// provider's rate-limit answer (429) does not use one up (at most 4 such per request): the
+    /// provider is full for now, and the request may wait for it within `pauseWait`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
     pub max_attempts: Option<u32>,
