@@ -228,3 +228,44 @@ fn primary_outage_full_secondaries_shed_into_waits_not_errors() {
         "{sw:?} vs {ordered:?}"
     );
 }
+
+#[test]
+fn slow_primary_p95_below_ordered_and_p2c_with_affinity_and_cache_saving() {
+    // Issue 18 "Must show" for the slow-primary scenario. Met through the attempt deadline's
+    // timeouts, not a latency signal (docs/simulation.md); the 0.136 % client errors this
+    // costs are not asserted away.
+    let sc = scenario("slow-primary.yaml");
+    let sw = run_scenario(&sc, StrategyKind::Switchyard).summary;
+    let ordered = run_scenario(&sc, StrategyKind::Ordered).summary;
+    let p2c = run_scenario(&sc, StrategyKind::P2c).summary;
+    let rr = run_scenario(&sc, StrategyKind::RoundRobin).summary;
+    assert!(
+        sw.p95_ms <= 0.75 * ordered.p95_ms,
+        "{} vs ordered {}",
+        sw.p95_ms,
+        ordered.p95_ms
+    );
+    assert!(
+        sw.p95_ms <= p2c.p95_ms,
+        "{} vs p2c {}",
+        sw.p95_ms,
+        p2c.p95_ms
+    );
+    assert!(sw.affinity_retention >= 0.95, "{sw:?}");
+    assert!(
+        (sw.uncached_tokens as f64) <= 0.7 * rr.uncached_tokens as f64,
+        "{} vs round robin {}",
+        sw.uncached_tokens,
+        rr.uncached_tokens
+    );
+}
+
+#[test]
+fn flapping_primary_costs_no_client_errors() {
+    // Issue 18: flapping ≤ 0.2 % client errors (met). The weight-swing target (≤ 0.2 per
+    // interval) is not met and not asserted (docs/simulation.md).
+    let sc = scenario("flapping-primary.yaml");
+    let sw = run_scenario(&sc, StrategyKind::Switchyard).summary;
+    assert!(sw.client_error_rate <= 0.002, "{sw:?}");
+    assert!(sw.affinity_retention >= 0.95, "{sw:?}");
+}
