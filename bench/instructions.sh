@@ -13,8 +13,8 @@
 #
 # What it does: builds `switchyard` (release) unless SWITCHYARD_BIN is set; starts the mock
 # provider natively; then for each binary (the current one, then BASELINE_BIN) starts a router on
-# the same manifests under `valgrind --tool=callgrind --collect-atstart=no`, sends WARM requests,
-# switches collection on, sends COUNT requests per cell (non-streaming and streaming, one client
+# the same manifests under `valgrind --tool=callgrind --instr-atstart=no`, switches
+# instrumentation on, sends WARM requests, zeroes the counters, sends COUNT requests per cell (non-streaming and streaming, one client
 # connection each, keep-alive, each request with its own x-project-id drawn from 100 keys), dumps
 # the counters and divides the Ir total by COUNT. Writes a Markdown table to REPORT
 # (docs/benchmarks-instructions.md).
@@ -135,7 +135,7 @@ RESULTS="$WORK/results.txt"
 for which in after before; do
   rport="$(port)"
   log "$which: router under callgrind on 127.0.0.1:$rport"
-  env -u RUST_LOG valgrind -q --tool=callgrind --collect-atstart=no \
+  env -u RUST_LOG valgrind -q --tool=callgrind --instr-atstart=no \
     --callgrind-out-file="$WORK/cg.$which.%p" "$WORK/$which" standalone \
     --manifests "$WORK/manifests" --listen "127.0.0.1:$rport" --secrets-dir "$WORK/secrets" \
     2>>"$WORK/router-$which.log" &
@@ -143,12 +143,13 @@ for which in after before; do
   PIDS+=("$rpid")
   wait_ready "http://127.0.0.1:$rport/readyz" 1200
   for mode in plain stream; do
+    # Instrumentation on (it stays on), a warm-up, counters zeroed, the counted requests, a
+    # dump. (Switching instrumentation off before the dump loses the counts.)
+    callgrind_control -i on "$rpid" >/dev/null 2>&1
     send "$rport" "$mode" "$WARM"
-    callgrind_control -z "$rpid" >/dev/null
-    callgrind_control -i on "$rpid" >/dev/null
+    callgrind_control -z "$rpid" >/dev/null 2>&1
     send "$rport" "$mode" "$COUNT"
-    callgrind_control -i off "$rpid" >/dev/null
-    callgrind_control -d "$which-$mode" "$rpid" >/dev/null
+    callgrind_control -d "$which-$mode" "$rpid" >/dev/null 2>&1
     dump="$(ls -t "$WORK"/cg."$which"."$rpid".* | head -1)"
     ir="$(ir_total "$dump")"
     log "$which $mode: $ir instructions over $COUNT requests"
