@@ -158,6 +158,11 @@ pub fn write_outputs(
         let title = format!("{} — {}", scenario.name, run.summary.strategy);
         output::write_chart(&dir.join("chart.svg"), &title, run)?;
     }
+    let scenario_dir = out_dir.join(&scenario.name);
+    std::fs::create_dir_all(&scenario_dir).map_err(io(&scenario_dir))?;
+    let overlay = scenario_dir.join("overlay.svg");
+    let title = format!("{} — strategies overlaid", scenario.name);
+    output::write_overlay_chart(&overlay, &title, runs)?;
     let summaries: Vec<RunSummary> = runs.iter().map(|r| r.summary.clone()).collect();
     write_summaries(&summaries, out_dir)
 }
@@ -220,7 +225,10 @@ traffic:
     #[test]
     fn write_outputs_creates_csv_chart_and_summaries() {
         let sc = Scenario::from_yaml(ONE_PROVIDER).unwrap();
-        let runs = vec![run_scenario(&sc, StrategyKind::Switchyard)];
+        let runs = vec![
+            run_scenario(&sc, StrategyKind::Switchyard),
+            run_scenario(&sc, StrategyKind::Ordered),
+        ];
         let dir = std::env::temp_dir().join(format!("switchyard-sim-test-{}", std::process::id()));
         write_outputs(&sc, &runs, &dir).unwrap();
         let run_dir = dir.join("single").join("switchyard");
@@ -229,6 +237,17 @@ traffic:
         assert!(csv.starts_with("interval_start_s,only_availability,only_weight"));
         let svg = std::fs::read_to_string(run_dir.join("chart.svg")).unwrap();
         assert!(svg.contains("<svg") && svg.contains("affinity"));
+        // The overlay: one series per strategy in every panel.
+        let overlay = std::fs::read_to_string(dir.join("single").join("overlay.svg")).unwrap();
+        assert!(overlay.contains("client p95 latency"), "{overlay}");
+        assert!(
+            overlay.matches("\nswitchyard\n").count() >= 4,
+            "legend per panel"
+        );
+        assert!(
+            overlay.matches("\nordered\n").count() >= 4,
+            "legend per panel"
+        );
         let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
         assert!(md.contains("| switchyard |"));
         std::fs::remove_dir_all(&dir).unwrap();

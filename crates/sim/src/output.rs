@@ -279,15 +279,28 @@ pub(crate) fn write_chart(path: &Path, title: &str, run: &RunResult) -> Result<(
             None,
         ),
     ];
-    let root = SVGBackend::new(path, (1200, 1400)).into_drawing_area();
-    root.fill(&WHITE).map_err(draw_err)?;
-    let root = root.titled(title, ("sans-serif", 22)).map_err(draw_err)?;
-    let areas = root.split_evenly((4, 2));
     let x_max = run
         .intervals
         .last()
         .map_or(1.0, |r| r.start.as_secs_f64() / 60.0 + t)
         .max(1.0);
+    draw_panels(path, title, (1200, 1400), (4, 2), x_max, panels)
+}
+
+/// Draws `panels` on a `rows × columns` grid into an SVG of `size` pixels; every panel's x axis
+/// is minutes `0..x_max`, its y axis the panel's fixed range or `0..` 110 % of its largest value.
+fn draw_panels(
+    path: &Path,
+    title: &str,
+    size: (u32, u32),
+    grid: (usize, usize),
+    x_max: f64,
+    panels: Vec<Panel<'_>>,
+) -> Result<(), SimError> {
+    let root = SVGBackend::new(path, size).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err)?;
+    let root = root.titled(title, ("sans-serif", 22)).map_err(draw_err)?;
+    let areas = root.split_evenly(grid);
     for (area, (name, series, range)) in areas.iter().zip(panels) {
         let y_max = range.map_or_else(
             || {
@@ -336,4 +349,49 @@ pub(crate) fn write_chart(path: &Path, title: &str, run: &RunResult) -> Result<(
         }
     }
     root.present().map_err(draw_err)
+}
+
+/// Draws one chart per scenario overlaying its strategies: client error rate, affinity
+/// retention, uncached input tokens and p95 latency per interval, one series per strategy.
+pub(crate) fn write_overlay_chart(
+    path: &Path,
+    title: &str,
+    runs: &[RunResult],
+) -> Result<(), SimError> {
+    let per_strategy = |f: &dyn Fn(&IntervalRow) -> Option<f64>| -> Series {
+        runs.iter()
+            .map(|run| {
+                let pts = run
+                    .intervals
+                    .iter()
+                    .filter_map(|r| f(r).map(|v| (r.start.as_secs_f64() / 60.0, v)))
+                    .collect();
+                (run.summary.strategy.as_str().to_owned(), pts)
+            })
+            .collect()
+    };
+    let panels: Vec<Panel<'_>> = vec![
+        (
+            "client error rate",
+            per_strategy(&|r| Some(r.client_error_rate)),
+            None,
+        ),
+        (
+            "affinity retention",
+            per_strategy(&|r| r.affinity),
+            Some((0.0, 1.05)),
+        ),
+        (
+            "uncached input tokens per interval (millions)",
+            per_strategy(&|r| Some(r.uncached_tokens as f64 / 1e6)),
+            None,
+        ),
+        ("client p95 latency (ms)", per_strategy(&|r| r.p95_ms), None),
+    ];
+    let x_max = runs
+        .iter()
+        .filter_map(|run| run.intervals.last())
+        .map(|r| r.start.as_secs_f64() / 60.0)
+        .fold(1.0, f64::max);
+    draw_panels(path, title, (1200, 800), (2, 2), x_max, panels)
 }
