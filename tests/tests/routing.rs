@@ -544,14 +544,7 @@ async fn case_22_affinity_lasts_as_long_as_the_prompt_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn case_22_rate_limit_on_turn_6_moves_affinity_without_flip_flop() {
     let _g = serial().await;
-    let limited = FaultRule::always(Fault::RateLimited {
-        retry_after: Some(1),
-        http_date: false,
-        retry_after_ms: None,
-        reset_requests: None,
-        reset_tokens: None,
-    })
-    .when(Trigger {
+    let limited = retry_after_1s().when(Trigger {
         skip: 5,
         next: Some(1),
         ..Trigger::default()
@@ -658,18 +651,22 @@ async fn standalone_reloads_manifests_and_keeps_last_good_config_on_invalid_chan
     assert_eq!(r.provider().as_deref(), Some("p2"));
 }
 
-/// Two projects pinned to `p-a` and one brief `Retry-After: 1` on `p-a` (the first streaming
-/// request it sees); returns how the first project's next, non-streaming request was served:
-/// (provider, attempts, seconds it took).
-async fn after_brief_pause_of_the_head(cache_hold: &str) -> (String, Option<u32>, f64) {
-    let limited = FaultRule::always(Fault::RateLimited {
+/// A 429 with `Retry-After: 1` and no other rate-limit headers.
+fn retry_after_1s() -> FaultRule {
+    FaultRule::always(Fault::RateLimited {
         retry_after: Some(1),
         http_date: false,
         retry_after_ms: None,
         reset_requests: None,
         reset_tokens: None,
     })
-    .when(Trigger {
+}
+
+/// Two projects pinned to `p-a` and one brief `Retry-After: 1` on `p-a` (the first streaming
+/// request it sees); returns how the first project's next, non-streaming request was served:
+/// (provider, attempts, seconds it took).
+async fn after_brief_pause_of_the_head(cache_hold: &str) -> (String, Option<u32>, f64) {
+    let limited = retry_after_1s().when(Trigger {
         next: Some(1),
         stream: Some(true),
         ..Trigger::default()

@@ -36,9 +36,6 @@ pub struct App {
     pub calibrations: crate::estimate::RouteCalibrations,
     /// `Idempotency-Key` table (in-flight markers and answers kept for replay).
     pub idempotency: Arc<crate::idempotency::Idempotency>,
-    /// Whether the tokenizer has loaded (`/readyz` waits for it: the first request would
-    /// otherwise pay the load).
-    pub warmed: std::sync::atomic::AtomicBool,
     /// Permits for estimates on the blocking pool (one per core), so a burst of huge
     /// requests queues instead of occupying hundreds of blocking threads.
     pub estimators: tokio::sync::Semaphore,
@@ -90,7 +87,6 @@ impl App {
             serve,
             broker: crate::broker::Broker::new(store),
             calibrations: crate::estimate::RouteCalibrations::new(),
-            warmed: std::sync::atomic::AtomicBool::new(false),
             estimators: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
             ),

@@ -240,6 +240,23 @@ pub struct RoutingTable {
     /// (Kubernetes mode: a hash of the objects' uids and generations and of the referenced
     /// Secrets' resourceVersions), so replicas can be compared.
     pub revision: Option<String>,
+    /// Whether anything configured needs a token estimate of each request: a token or spend
+    /// bucket (a tenant's or ancestor's, a route's, a provider's or its quota groups'), a
+    /// model's `contextWindow` (output caps are clamped to what the input leaves), or a tenant
+    /// queue (its fair share is counted in tokens). When nothing does, requests are not
+    /// tokenized and the tokenizer's vocabulary is never loaded (issue 16: pay only for what
+    /// is configured); token usage then comes only from what providers report.
+    pub needs_tokens: bool,
+}
+
+fn counts_tokens(b: &BucketSpec) -> bool {
+    matches!(
+        b.dimension,
+        Dimension::InputTokens
+            | Dimension::OutputTokens
+            | Dimension::TotalTokens
+            | Dimension::SpendMicroUsd
+    )
 }
 
 /// SHA-256 of an API key, the only form in which keys are held.
@@ -376,6 +393,18 @@ impl RoutingTable {
                 }
             }
         }
+        table.needs_tokens = table
+            .tenants
+            .iter()
+            .any(|t| t.queue.max_depth > 0 || t.buckets.iter().any(|b| counts_tokens(b)))
+            || table
+                .routes
+                .iter()
+                .any(|r| r.buckets.iter().any(|b| counts_tokens(b)))
+            || table.providers.iter().any(|p| {
+                p.buckets.iter().any(|b| counts_tokens(b))
+                    || p.models.values().any(|m| m.context_window.is_some())
+            });
         for p in &table.providers {
             if let Err(reason) = &p.client {
                 table
@@ -754,6 +783,68 @@ mod tests {
             SecretSource::env_name(&r),
             "SWITCHYARD_SECRET_ACME_KEYS_PROD_KEY"
         );
+    }
+
+    /// Issue 16 item 1: requests are tokenized only when something configured counts tokens.
+    #[test]
+    fn token_estimates_only_when_a_limit_window_or_queue_needs_them() {
+        let provider = |extra: serde_json::Value| -> LLMProvider {
+            let mut spec = serde_json::json!({"api": "openai", "endpoint": "http://127.0.0.1:9",
+                "models": [{"name": "m"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                spec[k] = v.clone();
+            }
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "switchyard.dev/v1alpha1", "kind": "LLMProvider",
+                "metadata": {"name": "p", "namespace": "ns"}, "spec": spec}))
+            .unwrap()
+        };
+        let tenant = |spec: serde_json::Value| -> TenantQuota {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "switchyard.dev/v1alpha1", "kind": "TenantQuota",
+                "metadata": {"name": "t", "namespace": "ns"}, "spec": spec}))
+            .unwrap()
+        };
+        let needs = |providers: Vec<LLMProvider>, tenants: Vec<TenantQuota>| {
+            let m = Manifests {
+                providers,
+                tenants,
+                ..Default::default()
+            };
+            RoutingTable::build(&m, &SecretSource::default()).needs_tokens
+        };
+        let no_extra = serde_json::json!({});
+        // Nothing, or only request and concurrency limits: no tokenizer.
+        assert!(!needs(vec![provider(no_extra.clone())], vec![]));
+        assert!(!needs(
+            vec![provider(serde_json::json!({"limits": [
+                {"dimension": "requests", "amount": 5, "period": "60s"}]}))],
+            vec![tenant(serde_json::json!({"limits": [
+                {"dimension": "requests", "amount": 5, "period": "60s"}]}))]
+        ));
+        // A token limit on the provider or the tenant, a context window, a tenant queue.
+        assert!(needs(
+            vec![provider(serde_json::json!({"limits": [
+                {"dimension": "inputTokens", "amount": 5000, "period": "60s"}]}))],
+            vec![]
+        ));
+        assert!(needs(
+            vec![provider(no_extra.clone())],
+            vec![tenant(serde_json::json!({"limits": [
+                {"dimension": "outputTokens", "amount": 5000, "period": "60s"}]}))]
+        ));
+        assert!(needs(
+            vec![provider(
+                serde_json::json!({"models": [{"name": "m", "contextWindow": 8000}]})
+            )],
+            vec![]
+        ));
+        assert!(needs(
+            vec![provider(no_extra)],
+            vec![tenant(
+                serde_json::json!({"queue": {"maxDepth": 10, "deadline": "5s"}})
+            )]
+        ));
     }
 
     /// Issue 12 item 8: objects that reach the router without the loader (Kubernetes mode,

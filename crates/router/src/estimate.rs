@@ -670,7 +670,15 @@ static O200K: LazyLock<O200k> = LazyLock::new(|| {
 /// Loads the tokenizer now instead of on the first request (call at start-up).
 pub fn warm_up() {
     LazyLock::force(&O200K);
+    LOADED.store(true, std::sync::atomic::Ordering::Release);
 }
+
+/// Whether [`warm_up`] has completed (the vocabulary is in memory).
+pub fn is_loaded() -> bool {
+    LOADED.load(std::sync::atomic::Ordering::Acquire)
+}
+
+static LOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Number of `o200k_base` tokens in `text` (ordinary text: special-token strings such as
 /// `<|endoftext|>` count as the text they spell), identical to tiktoken's

@@ -899,6 +899,7 @@ impl Applier {
         // usable status weights are already the right ones (no window with stale weights).
         set_availabilities(&shared.app.runtime.live(), providers);
         shared.app.runtime.swap(table);
+        crate::server::warm_if_needed(&shared.app);
         // Limits may have grown: let waiting requests try again.
         shared.app.broker.capacity_freed();
         self.blocked = blocked;

@@ -62,6 +62,24 @@ impl<S: AsyncWrite + Unpin> JsonProtocolErrors<S> {
     }
 }
 
+impl<S: AsyncWrite + Unpin> JsonProtocolErrors<S> {
+    /// Takes a write of `taken` bytes whole, answering with `replacement` instead; what the
+    /// socket does not take now is written on the next poll.
+    fn start_replacement(
+        &mut self,
+        cx: &mut Context<'_>,
+        replacement: Vec<u8>,
+        taken: usize,
+    ) -> Poll<io::Result<usize>> {
+        self.pending = replacement;
+        self.written = 0;
+        if let Poll::Ready(Err(e)) = self.drain(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(taken))
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for JsonProtocolErrors<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -80,13 +98,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonProtocolErrors<S> {
     ) -> Poll<io::Result<usize>> {
         ready!(self.drain(cx))?;
         if let Some(replacement) = replacement(buf) {
-            self.pending = replacement;
-            self.written = 0;
-            // Taken whole; what the socket does not take now is written on the next poll.
-            if let Poll::Ready(Err(e)) = self.drain(cx) {
-                return Poll::Ready(Err(e));
-            }
-            return Poll::Ready(Ok(buf.len()));
+            return self.start_replacement(cx, replacement, buf.len());
         }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
@@ -104,12 +116,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonProtocolErrors<S> {
         if let (Some(only), None) = (non_empty.next(), non_empty.next())
             && let Some(replacement) = replacement(only)
         {
-            self.pending = replacement;
-            self.written = 0;
-            if let Poll::Ready(Err(e)) = self.drain(cx) {
-                return Poll::Ready(Err(e));
-            }
-            return Poll::Ready(Ok(only.len()));
+            return self.start_replacement(cx, replacement, only.len());
         }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }

@@ -114,9 +114,11 @@ async fn method_not_allowed(request: Request) -> Response {
     .into_response(dialect)
 }
 
+/// Ready once a configuration is installed and, when it counts tokens, the tokenizer's
+/// vocabulary is loaded (the first such request would otherwise pay the load).
 async fn readyz(State(app): State<Arc<App>>) -> Response {
     if app.ready.load(std::sync::atomic::Ordering::Relaxed)
-        && app.warmed.load(std::sync::atomic::Ordering::Relaxed)
+        && (!app.runtime.live().table.needs_tokens || crate::estimate::is_loaded())
     {
         "ready".into_response()
     } else {
@@ -532,7 +534,10 @@ async fn prepare(
         pricing: crate::wire::usage::Pricing::default(),
         ratio: app.calibrations.ratio(&route.key),
     };
-    let (body, estimate) = if op == ClientOp::Transcription {
+    let (body, estimate) = if !live.table.needs_tokens {
+        // Nothing configured counts tokens: no tokenizer walk (and no vocabulary in memory).
+        (body, crate::estimate::Estimate::default())
+    } else if op == ClientOp::Transcription {
         // Audio is estimated from its duration, not walked by the tokenizer.
         let prompt = match &body {
             ClientBody::Json(map) => map.get("prompt").and_then(Value::as_str),
@@ -756,6 +761,19 @@ fn check_body(body: &ClientBody) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Loads the tokenizer's vocabulary on the blocking pool when the current configuration
+/// needs token estimates and it is not loaded yet (`/readyz` waits for it). Idempotent; called
+/// at start and after every configuration change.
+pub fn warm_if_needed(app: &App) {
+    if app.runtime.live().table.needs_tokens && !crate::estimate::is_loaded() {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(crate::estimate::warm_up)),
+            // Outside a runtime (a synchronous caller): load it here.
+            Err(_) => crate::estimate::warm_up(),
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves.
 pub async fn serve(
     app: Arc<App>,
@@ -764,14 +782,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let pump = tokio::spawn(app.broker.clone().run_pump(app.clock));
     let signals = tokio::spawn(crate::signals::run(app.clone()));
-    // Load the tokenizer's vocabulary now rather than in the first request; ready after.
-    let warming = app.clone();
-    tokio::task::spawn_blocking(move || {
-        crate::estimate::warm_up();
-        warming
-            .warmed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    });
+    // Load the tokenizer's vocabulary now rather than in the first request that needs it,
+    // and only when the configuration counts tokens (a later configuration that does loads
+    // it in `warm_if_needed`); ready after.
+    warm_if_needed(&app);
     let options = app.serve.clone();
     let served = accept_loop(listener, router(app), &options, shutdown).await;
     pump.abort();

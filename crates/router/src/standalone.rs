@@ -153,6 +153,7 @@ pub fn reload(app: &App, dir: &Path, secrets: &SecretSource) -> Result<(), LoadE
     match build(dir, secrets) {
         Ok(table) => {
             app.runtime.swap(table);
+            crate::server::warm_if_needed(app);
             // Limits may have grown: let waiting requests try again.
             app.broker.capacity_freed();
             lock(&app.config_messages).clear();
