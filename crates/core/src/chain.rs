@@ -298,7 +298,8 @@ impl ChainPins {
     }
 
     /// [`ChainPins::chain`] for a route that may have [`Tiers`]: a fresh chain is
-    /// [`route_chain`] (the tiered chain when `tiers` is given).
+    /// [`route_chain`] (the tiered chain when `tiers` is given), and a pin is used only while
+    /// the tiers are the ones it was computed with (a changed priority or weight re-samples).
     pub fn route_chain(
         &mut self,
         key: &str,
@@ -307,7 +308,16 @@ impl ChainPins {
         tiers: Option<&Tiers>,
         now: Instant,
     ) -> Vec<usize> {
-        let provider_set = provider_set_fingerprint(providers);
+        // A pin is also tied to the tier layout: a provider set to weight 0 ("no traffic for
+        // now") must not stay at the head of the chains pinned before the change.
+        let provider_set = tiers.map_or(provider_set_fingerprint(providers), |t| {
+            t.priority()
+                .iter()
+                .chain(t.weight())
+                .fold(provider_set_fingerprint(providers), |h, v| {
+                    xxh3_64_with_seed(&v.to_le_bytes(), h)
+                })
+        });
         if let Some(pin) = self.cache.get_mut(key)
             && pin.provider_set == provider_set
             && now < pin.expires
@@ -653,5 +663,25 @@ mod tests {
                 sticky_chain(&key, &P5, &w)
             );
         }
+    }
+
+    #[test]
+    fn chain_pins_tier_change_recomputes() {
+        let names = ["a", "b"];
+        let t = |wa| Tiers::from_spec(&names, &[None, None], &[Some(wa), Some(1)]).unwrap();
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        let before = t(1);
+        let c = pins.route_chain("k", &names, &[1.0, 0.0], before.as_ref(), Instant::ZERO);
+        assert_eq!(c, vec![0, 1]);
+        // a set to weight 0: the pin is not reused, a goes to the tail.
+        let after = t(0);
+        let c = pins.route_chain(
+            "k",
+            &names,
+            &[0.0, 1.0],
+            after.as_ref(),
+            Instant::from_millis(1),
+        );
+        assert_eq!(c, vec![1, 0]);
     }
 }

@@ -448,7 +448,7 @@ impl Fleet for RouterFleet<'_> {
         let state = &self.live.routes[self.route];
         let weights = state.weights.load();
         let names: Vec<&str> = route.provider_names.iter().map(String::as_str).collect();
-        lock(&state.pins).chain(project, &names, &weights, now)
+        lock(&state.pins).route_chain(project, &names, &weights, route.tiers.as_ref(), now)
     }
 
     fn pinned(&mut self, project: &str, now: switchyard_core::time::Instant) -> bool {
