@@ -199,6 +199,14 @@ impl Tiers {
         &self.weight
     }
 
+    /// Whether member `i` has static weight 0: it serves only while no provider of positive
+    /// weight can, so a project that failed over to it must not keep it at the head of its
+    /// pinned chain (the machine's move-to-front is skipped for it) — once the others are back
+    /// its next turn goes to them.
+    pub fn is_standby(&self, i: usize) -> bool {
+        self.weight.get(i) == Some(&0)
+    }
+
     /// Number of members.
     pub fn len(&self) -> usize {
         self.priority.len()

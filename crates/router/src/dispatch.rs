@@ -463,6 +463,10 @@ impl Fleet for RouterFleet<'_> {
         member: usize,
         now: switchyard_core::time::Instant,
     ) -> bool {
+        let tiers = self.live.table.routes[self.route].tiers.as_ref();
+        if tiers.is_some_and(|t| t.is_standby(member)) {
+            return false;
+        }
         let mut pins = lock(&self.live.routes[self.route].pins);
         if pins.peek(project, now).and_then(|c| c.first()) == Some(&member) {
             return false;

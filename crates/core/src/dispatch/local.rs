@@ -139,6 +139,9 @@ impl Fleet for LocalFleet {
     }
 
     fn move_to_front(&mut self, project: &str, member: usize, now: Instant) -> bool {
+        if self.tiers.as_ref().is_some_and(|t| t.is_standby(member)) {
+            return false;
+        }
         if self.pins.peek(project, now).and_then(|c| c.first()) == Some(&member) {
             return false;
         }
