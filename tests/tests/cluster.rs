@@ -15,8 +15,8 @@
 //!    watch latency), `e2e-mock`'s status to show its successes and availability and
 //!    `e2e-chat`'s status its weights; without a router it expects the operator's validation
 //!    status on every example object;
-//! 5. applies an invalid manifest from `config/examples/invalid/` and expects the API server
-//!    to refuse it with the CEL rule's message.
+//! 5. applies invalid manifests from `config/examples/invalid/` and expects the API server
+//!    to refuse each with its CEL rule's message (a limit rule and the weighted-tier rules).
 //!
 //! Everything it created in `ai-platform` is deleted at the end, by a drop guard also when a
 //! step fails; the CRDs stay.
@@ -503,6 +503,33 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
         stderr.contains("a concurrency limit must not have a period"),
         "{stderr}"
     );
+    // The weighted-tier rules (issue 18 item 4): only each file's RoutingPolicy is applied (by
+    // stdin), so the files' LLMProviders are not created in the namespace.
+    for (file, message) in [
+        (
+            "policy-priority-partial.yaml",
+            "priority must be set on every provider of the policy or on none",
+        ),
+        (
+            "policy-weights-all-zero.yaml",
+            "at least one provider must have a weight above 0",
+        ),
+        (
+            "policy-weight-on-p2c.yaml",
+            "priority and weight apply only to the stickyChain strategy",
+        ),
+    ] {
+        let text = std::fs::read_to_string(repo.join("config/examples/invalid").join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let policy = text
+            .split("\n---\n")
+            .find(|doc| doc.contains("kind: RoutingPolicy"))
+            .unwrap_or_else(|| panic!("{file} has no RoutingPolicy"));
+        let refused = kubectl(&["apply", "-n", NS, "-f", "-"], Some(policy));
+        assert!(!refused.status.success(), "{file} was accepted");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains(message), "{file}: {stderr}");
+    }
 
     drop(router);
     drop(operator);

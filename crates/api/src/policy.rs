@@ -32,6 +32,9 @@ use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, NAME_PATTERN};
     validation = kube::core::Rule::new("self.providers.all(p, self.providers.exists_one(q, q.name == p.name))").message("provider names in a policy must be unique"),
     validation = kube::core::Rule::new("!has(self.aliases) || !(self.model in self.aliases)").message("an alias must differ from the model name"),
     validation = kube::core::Rule::new("!has(self.strategy) || self.strategy != 'stickyChain' || self.serviceType == 'chat' || self.serviceType == 'transcription'").message("the stickyChain strategy is only for chat and transcription policies"),
+    validation = kube::core::Rule::new("self.providers.all(p, has(p.priority)) || self.providers.all(p, !has(p.priority))").message("priority must be set on every provider of the policy or on none"),
+    validation = kube::core::Rule::new("self.providers.exists(p, !has(p.weight) || p.weight > 0)").message("at least one provider must have a weight above 0"),
+    validation = kube::core::Rule::new("self.providers.all(p, !has(p.priority) && !has(p.weight)) || (has(self.strategy) ? self.strategy == 'stickyChain' : (self.serviceType == 'chat' || self.serviceType == 'transcription'))").message("priority and weight apply only to the stickyChain strategy"),
 )]
 pub struct RoutingPolicySpec {
     /// Public model name clients ask for, such as `claude-sonnet`.
@@ -44,7 +47,8 @@ pub struct RoutingPolicySpec {
     /// Kind of traffic; decides the default strategy and the p2c scoring.
     #[serde(default)]
     pub service_type: ServiceType,
-    /// Providers in priority order (first = most preferred). Each must be an LLMProvider in the
+    /// Providers in priority order (first = most preferred), or grouped into tiers by their
+    /// `priority` and split by `weight` when those are set. Each must be an LLMProvider in the
     /// same namespace serving `model` (or `upstreamModel`).
     #[schemars(length(min = 1, max = 16))]
     pub providers: Vec<PolicyProvider>,
@@ -124,6 +128,24 @@ pub struct PolicyProvider {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub model: Option<String>,
+    /// Priority tier, 0–1000; lower tiers are filled first and a tier gets the share of
+    /// traffic that the tiers above it cannot take (priority cascade, DESIGN §4.2). Providers
+    /// with the same priority share their tier by `weight` × availability, whatever their
+    /// order in the list, and a project's fallback goes to its tier's other members before
+    /// the next tier. Set it on every provider of the policy or on none (refused otherwise:
+    /// "priority must be set on every provider of the policy or on none"); when none sets it,
+    /// each provider is its own tier in list order. Only for the `stickyChain` strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub priority: Option<u32>,
+    /// Static weight within the provider's priority tier, 0–1,000,000 (default 1): a tier's
+    /// share is split in proportion to weight × availability, so `70` and `30` on two healthy
+    /// providers give a 70/30 split. `0`: no traffic while any other provider of the policy
+    /// can serve (the provider is tried only after every provider of positive weight). At
+    /// least one provider must have a weight above 0. Only for the `stickyChain` strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1_000_000))]
+    pub weight: Option<u32>,
 }
 
 /// Cache-affinity settings.

@@ -29,6 +29,16 @@
 //! [`first_eligible`] / [`eligible_in_order`], skipping providers that are ineligible right now
 //! without re-sampling.
 //!
+//! **Tiers** ([`tiered_chain`], issue 18 item 4): when a route has priority tiers and static
+//! weights ([`crate::weights::Tiers`]), the head of a chain is drawn by the same race over the
+//! tiered cascade weights (so first attempts follow weight × availability inside a tier and
+//! spill to lower tiers only for the share higher tiers leave), and the rest of the chain is in
+//! tier order, each tier drawn by the same race over the static weights: a project's fallback
+//! goes to its tier's other members, then to the next tier, and no part of the order depends
+//! on the list order inside a tier. Weight-0 providers come after every provider of positive
+//! weight (by tier, then list order), so they get no attempt while any other provider is
+//! eligible.
+//!
 //! Alternatives rejected: a fresh weighted sample per request (no affinity, prompt caches lost);
 //! consistent-hash rings (need virtual nodes to follow weights and reshuffle more keys per weight
 //! change); a shared pin store as the only source of affinity (a replica without the entry would
@@ -42,6 +52,7 @@ use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::time::Instant;
+use crate::weights::Tiers;
 
 /// Seed for hashing project keys. Fixed forever: changing it reshuffles every project's chain.
 const KEY_SEED: u64 = 0x5357_4954_4348_5944; // "SWITCHYD"
@@ -113,6 +124,79 @@ pub fn sticky_chain_into(key: &str, providers: &[&str], weights: &[f64], out: &m
         if weights.get(i).copied().and_then(usable_weight).is_none() {
             out.push(i);
         }
+    }
+}
+
+/// The chain of project `key` over a tiered route (module docs, "Tiers").
+///
+/// `weights` are the route's current weights (normally
+/// [`crate::weights::tiered_cascade_weights`]), `tiers` its static layout, both by route
+/// position like `providers`. Returns a permutation of `0..providers.len()`: first the provider
+/// with the smallest `−ln(ui)/wi` among positive weights, then the others ordered by (weight 0
+/// last, priority tier, `−ln(ui)/vi` with the static weight `vi`, configured position).
+/// Positions missing from `tiers` count as weight 0 in the last tier. Deterministic in `(key,
+/// provider names, weights, tiers)`; the draw `ui` is the one [`sticky_chain`] uses.
+pub fn tiered_chain(key: &str, providers: &[&str], weights: &[f64], tiers: &Tiers) -> Vec<usize> {
+    let mut out = Vec::with_capacity(providers.len());
+    tiered_chain_into(key, providers, weights, tiers, &mut out);
+    out
+}
+
+/// [`tiered_chain`] writing into a caller-owned buffer (cleared first).
+pub fn tiered_chain_into(
+    key: &str,
+    providers: &[&str],
+    weights: &[f64],
+    tiers: &Tiers,
+    out: &mut Vec<usize>,
+) {
+    out.clear();
+    let seed = key_hash(key);
+    let units: SmallVec<[f64; INLINE_PROVIDERS]> = providers
+        .iter()
+        .map(|name| unit_open(xxh3_64_with_seed(name.as_bytes(), seed)))
+        .collect();
+    let head = (0..providers.len())
+        .filter_map(|i| {
+            let w = weights.get(i).copied().and_then(usable_weight)?;
+            Some((-units[i].ln() / w, i))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+        .map(|(_, i)| i);
+    // (weight 0, tier, race key over the static weight, position)
+    let mut rest: SmallVec<[(bool, u32, f64, usize); INLINE_PROVIDERS]> = (0..providers.len())
+        .filter(|&i| Some(i) != head)
+        .map(|i| {
+            let v = tiers.weight().get(i).copied().unwrap_or(0);
+            let tier = tiers.priority().get(i).copied().unwrap_or(u32::MAX);
+            let race = if v > 0 {
+                -units[i].ln() / f64::from(v)
+            } else {
+                0.0
+            };
+            (v == 0, tier, race, i)
+        })
+        .collect();
+    rest.sort_unstable_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then(a.1.cmp(&b.1))
+            .then(a.2.total_cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    });
+    out.extend(head);
+    out.extend(rest.iter().map(|r| r.3));
+}
+
+/// The chain of a route: [`tiered_chain`] when it has [`Tiers`], else [`sticky_chain`].
+pub fn route_chain(
+    key: &str,
+    providers: &[&str],
+    weights: &[f64],
+    tiers: Option<&Tiers>,
+) -> Vec<usize> {
+    match tiers {
+        Some(t) => tiered_chain(key, providers, weights, t),
+        None => sticky_chain(key, providers, weights),
     }
 }
 
@@ -210,7 +294,30 @@ impl ChainPins {
         weights: &[f64],
         now: Instant,
     ) -> Vec<usize> {
-        let provider_set = provider_set_fingerprint(providers);
+        self.route_chain(key, providers, weights, None, now)
+    }
+
+    /// [`ChainPins::chain`] for a route that may have [`Tiers`]: a fresh chain is
+    /// [`route_chain`] (the tiered chain when `tiers` is given), and a pin is used only while
+    /// the tiers are the ones it was computed with (a changed priority or weight re-samples).
+    pub fn route_chain(
+        &mut self,
+        key: &str,
+        providers: &[&str],
+        weights: &[f64],
+        tiers: Option<&Tiers>,
+        now: Instant,
+    ) -> Vec<usize> {
+        // A pin is also tied to the tier layout: a provider set to weight 0 ("no traffic for
+        // now") must not stay at the head of the chains pinned before the change.
+        let provider_set = tiers.map_or(provider_set_fingerprint(providers), |t| {
+            t.priority()
+                .iter()
+                .chain(t.weight())
+                .fold(provider_set_fingerprint(providers), |h, v| {
+                    xxh3_64_with_seed(&v.to_le_bytes(), h)
+                })
+        });
         if let Some(pin) = self.cache.get_mut(key)
             && pin.provider_set == provider_set
             && now < pin.expires
@@ -220,7 +327,7 @@ impl ChainPins {
             }
             return pin.chain.clone();
         }
-        let chain = sticky_chain(key, providers, weights);
+        let chain = route_chain(key, providers, weights, tiers);
         let pin = Pin {
             chain: chain.clone(),
             provider_set,
@@ -514,5 +621,67 @@ mod tests {
         assert_eq!(pins.len(), 1);
         pins.remove("new");
         assert!(pins.is_empty());
+    }
+
+    fn tiers(priority: &[Option<u32>], weight: &[Option<u32>]) -> Tiers {
+        let names: Vec<String> = (0..priority.len()).map(|i| format!("p{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        Tiers::from_spec(&names, priority, weight).unwrap().unwrap()
+    }
+
+    #[test]
+    fn tiered_chain_head_by_weights_rest_by_tier_weight_zero_last() {
+        let names = ["a", "b", "c", "z"];
+        // a, b and z in tier 0 (z weight 0), c in tier 1.
+        let t = tiers(
+            &[Some(0), Some(0), Some(1), Some(0)],
+            &[Some(7), Some(3), None, Some(0)],
+        );
+        let w = crate::weights::tiered_cascade_weights(&[1.0; 4], &t);
+        for k in 0..500 {
+            let chain = tiered_chain(&format!("k{k}"), &names, &w, &t);
+            let mut sorted = chain.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, vec![0, 1, 2, 3]);
+            // Head in tier 0, then the other tier-0 member, then c, then z.
+            assert!(chain[0] == 0 || chain[0] == 1, "{chain:?}");
+            assert_eq!(&chain[1..], &[1 - chain[0], 2, 3], "{chain:?}");
+        }
+        // A tier-1 head (tier 0 has no weight left) falls back to tier 0 in weight order.
+        let chain = tiered_chain("k", &names, &[0.0, 0.0, 1.0, 0.0], &t);
+        assert_eq!(chain[0], 2);
+        assert_eq!(chain[3], 3);
+    }
+
+    #[test]
+    fn route_chain_without_tiers_is_sticky_chain() {
+        let w = [0.5, 0.3, 0.15, 0.05, 0.0];
+        for k in 0..100 {
+            let key = format!("p{k}");
+            assert_eq!(
+                route_chain(&key, &P5, &w, None),
+                sticky_chain(&key, &P5, &w)
+            );
+        }
+    }
+
+    #[test]
+    fn chain_pins_tier_change_recomputes() {
+        let names = ["a", "b"];
+        let t = |wa| Tiers::from_spec(&names, &[None, None], &[Some(wa), Some(1)]).unwrap();
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        let before = t(1);
+        let c = pins.route_chain("k", &names, &[1.0, 0.0], before.as_ref(), Instant::ZERO);
+        assert_eq!(c, vec![0, 1]);
+        // a set to weight 0: the pin is not reused, a goes to the tail.
+        let after = t(0);
+        let c = pins.route_chain(
+            "k",
+            &names,
+            &[0.0, 1.0],
+            after.as_ref(),
+            Instant::from_millis(1),
+        );
+        assert_eq!(c, vec![1, 0]);
     }
 }

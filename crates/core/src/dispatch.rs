@@ -251,7 +251,8 @@ pub trait Fleet {
     /// Whether the project has a live pin (before [`Fleet::chain`] would create one).
     fn pinned(&mut self, project: &str, now: Instant) -> bool;
     /// Moves `member` to the front of the project's pinned chain; `true` if it was not already
-    /// at the front (an affinity break).
+    /// at the front (an affinity break). A weight-0 member of a tiered route is never moved
+    /// ([`crate::weights::Tiers::is_standby`]).
     fn move_to_front(&mut self, project: &str, member: usize, now: Instant) -> bool;
     /// Runs `f` on the pause table with the provider's pause scopes (own scope first, then its
     /// quota groups).

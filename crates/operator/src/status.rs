@@ -10,8 +10,9 @@
 //!   `lastWindow` (successes, provider-side errors, score), `Ready` (valid, references and
 //!   credentials resolve: `Reconciled`; else the first problem's reason), `Degraded`
 //!   (availability below [`DEGRADED_BELOW`]: `LowAvailability`, else `Recovered`).
-//! - **RoutingPolicy**: `providers[]` in priority order with availability, cascade weight
-//!   (DESIGN §4.2, ineligible providers at 0) and eligibility; `Ready` is `False` when a
+//! - **RoutingPolicy**: `providers[]` in list order with availability, cascade weight
+//!   (DESIGN §4.2, tiered by `priority` and `weight` when the policy sets them, the same
+//!   [`route_weights`] the router uses; ineligible providers at 0) and eligibility; `Ready` is `False` when a
 //!   reference does not resolve or no provider is eligible, and the weights are still computed
 //!   over the eligible providers (the router keeps routing to them); `Degraded` when the best
 //!   eligible provider is below the threshold.
@@ -35,7 +36,7 @@ use switchyard_api::policy::{ProviderWeight, RoutingPolicyStatus};
 use switchyard_api::provider::{LLMProviderStatus, WindowStatus};
 use switchyard_api::tenant::TenantQuotaStatus;
 use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota};
-use switchyard_core::weights::cascade_weights;
+use switchyard_core::weights::{Tiers, route_weights};
 
 use crate::validate::{Eligibility, Problem};
 
@@ -230,7 +231,21 @@ pub fn policy_status(
             }
         })
         .collect();
-    let mut weights = cascade_weights(&availabilities);
+    // Tiers over the listed entries, by name (the entries are the policy's providers in list
+    // order); invalid tiers are refused by the CRD's CEL rules and then fall back to the list
+    // cascade here, with the verdict's problem on `Ready`.
+    let tier_field = |name: &str| {
+        policy
+            .spec
+            .providers
+            .iter()
+            .find(|p| p.name == name)
+            .map_or((None, None), |p| (p.priority, p.weight))
+    };
+    let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    let (priority, weight): (Vec<_>, Vec<_>) = entries.iter().map(|e| tier_field(&e.name)).unzip();
+    let tiers = Tiers::from_spec(&names, &priority, &weight).ok().flatten();
+    let mut weights = route_weights(&availabilities, tiers.as_ref());
     // Ineligible providers never take traffic, even when every eligible one is at zero and
     // the cascade falls back to equal weights (same rule as the router).
     for (w, e) in weights.iter_mut().zip(entries) {
@@ -453,6 +468,35 @@ mod tests {
         assert_eq!(s.providers[1].availability, 1.0);
         assert_eq!(s.observed_generation, Some(4));
         assert_eq!(s.conditions[0].message, "2 of 3 providers eligible");
+    }
+
+    /// The router's route weights for the same figures (`Live::compute_weights`, the same
+    /// `route_weights`), so `kubectl get` and the routers agree on a tiered policy.
+    #[test]
+    fn policy_status_tiered_weights_split_tier_by_weight_times_availability() {
+        let p: RoutingPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "switchyard.dev/v1alpha1", "kind": "RoutingPolicy",
+            "metadata": {"name": "r", "namespace": "ns", "generation": 4},
+            "spec": {"model": "m", "providers": [
+                {"name": "c", "priority": 1},
+                {"name": "b", "priority": 0, "weight": 30},
+                {"name": "a", "priority": 0, "weight": 70}]},
+        }))
+        .unwrap();
+        let entries = [entry("c", true), entry("b", true), entry("a", true)];
+        let avail = |k: &str| match k {
+            "ns/a" => 0.5,
+            "ns/b" => 0.3,
+            _ => 1.0,
+        };
+        let s = policy_status(&p, &[], &entries, avail, None, at(0));
+        let weights: Vec<f64> = s.providers.iter().map(|p| p.weight).collect();
+        // Tier 0 takes 0.5 + 0.3 = 0.8 split 70·0.5 : 30·0.3; tier 1 the remaining 0.2.
+        assert_eq!(
+            weights,
+            [0.2, round(0.8 * 9.0 / 44.0), round(0.8 * 35.0 / 44.0)]
+        );
+        assert_eq!(weights, [0.2, 0.1636, 0.6364]);
     }
 
     #[test]

@@ -133,6 +133,9 @@ pub struct Route {
     pub providers: Vec<RouteProvider>,
     /// Provider names in priority order, as hashed by the rendezvous chain.
     pub provider_names: Vec<String>,
+    /// Priority tiers and static weights of `providers` (`providers[].priority`, `.weight`),
+    /// when the policy sets any; `None` keeps the plain list cascade and chain.
+    pub tiers: Option<switchyard_core::weights::Tiers>,
     /// Header carrying the project key.
     pub affinity_header: String,
     /// How long a chain stays pinned.
@@ -577,6 +580,7 @@ fn build_route(
     controller.kd = decimal(availability.kd.as_deref(), controller.kd);
     let mut route_providers = Vec::new();
     let mut provider_names = Vec::new();
+    let mut tier_fields = Vec::new();
     for entry in &spec.providers {
         let key = format!("{namespace}/{}", entry.name);
         let model = entry.model.clone().unwrap_or_else(|| spec.model.clone());
@@ -603,7 +607,17 @@ fn build_route(
             ineligible,
         });
         provider_names.push(entry.name.clone());
+        tier_fields.push((entry.priority, entry.weight));
     }
+    // The CRD's CEL rules refuse invalid tiers before this; a hand-built table that gets here
+    // anyway is refused like a limit that cannot be built, never served without its tiers.
+    let names: Vec<&str> = provider_names.iter().map(String::as_str).collect();
+    let (priority, weight): (Vec<_>, Vec<_>) = tier_fields.into_iter().unzip();
+    let tiers = switchyard_core::weights::Tiers::from_spec(&names, &priority, &weight)
+        .unwrap_or_else(|e| {
+            limit_problems.push(format!("spec.providers: {e}"));
+            None
+        });
     let strategy = spec.strategy.unwrap_or(match spec.service_type {
         ServiceType::Chat | ServiceType::Transcription => Strategy::StickyChain,
         ServiceType::Embedding | ServiceType::Rerank => Strategy::PowerOfTwoChoices,
@@ -648,6 +662,7 @@ fn build_route(
         strategy,
         providers: route_providers,
         provider_names,
+        tiers,
         affinity_header: affinity
             .header
             .unwrap_or_else(|| "x-project-id".to_owned())

@@ -448,7 +448,7 @@ impl Fleet for RouterFleet<'_> {
         let state = &self.live.routes[self.route];
         let weights = state.weights.load();
         let names: Vec<&str> = route.provider_names.iter().map(String::as_str).collect();
-        lock(&state.pins).chain(project, &names, &weights, now)
+        lock(&state.pins).route_chain(project, &names, &weights, route.tiers.as_ref(), now)
     }
 
     fn pinned(&mut self, project: &str, now: switchyard_core::time::Instant) -> bool {
@@ -463,6 +463,10 @@ impl Fleet for RouterFleet<'_> {
         member: usize,
         now: switchyard_core::time::Instant,
     ) -> bool {
+        let tiers = self.live.table.routes[self.route].tiers.as_ref();
+        if tiers.is_some_and(|t| t.is_standby(member)) {
+            return false;
+        }
         let mut pins = lock(&self.live.routes[self.route].pins);
         if pins.peek(project, now).and_then(|c| c.first()) == Some(&member) {
             return false;

@@ -21,7 +21,7 @@ use switchyard_core::dispatch::{Count, Tally, window_counts};
 use switchyard_core::p2c::{P2c, P2cConfig};
 use switchyard_core::pause::Pauses;
 use switchyard_core::time::Instant;
-use switchyard_core::weights::cascade_weights;
+use switchyard_core::weights::route_weights;
 
 use crate::config::RoutingTable;
 
@@ -227,7 +227,8 @@ pub struct Live {
 }
 
 impl Live {
-    /// Current cascade weights of `route`, recomputed from the providers' availabilities.
+    /// Current cascade weights of `route` (tiered when it has tiers), recomputed from the
+    /// providers' availabilities.
     pub fn compute_weights(&self, route: usize) -> Vec<f64> {
         let Some(r) = self.table.routes.get(route) else {
             return Vec::new();
@@ -245,7 +246,7 @@ impl Live {
                 }
             })
             .collect();
-        let mut weights = cascade_weights(&availabilities);
+        let mut weights = route_weights(&availabilities, r.tiers.as_ref());
         // Ineligible providers never take traffic, even when every eligible one is at zero
         // and the cascade falls back to equal weights.
         for (w, p) in weights.iter_mut().zip(&r.providers) {

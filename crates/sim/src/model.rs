@@ -263,6 +263,8 @@ mod tests {
                 fraction: 1.0,
             }],
             concurrency: None,
+            priority: None,
+            weight: None,
             error_latency: Duration::from_millis(250),
             script: Vec::new(),
         }

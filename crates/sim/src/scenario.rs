@@ -351,6 +351,15 @@ pub struct ProviderSpec {
     /// providers in front of a real router).
     #[serde(default)]
     pub script: Vec<ScriptStep>,
+    /// RoutingPolicy `providers[].priority` of this provider (0–1000, lower filled first): set
+    /// on every provider or on none, as in the CRD. Only the `switchyard` strategy reads it
+    /// (the baselines keep list order).
+    #[serde(default)]
+    pub priority: Option<u32>,
+    /// RoutingPolicy `providers[].weight` within its tier (0–1,000,000, default 1; 0 = no
+    /// traffic while another provider can serve). Only the `switchyard` strategy reads it.
+    #[serde(default)]
+    pub weight: Option<u32>,
 }
 
 /// One scripted attempt outcome (see [`ProviderSpec::script`]).
@@ -533,6 +542,16 @@ impl Scenario {
         }
     }
 
+    /// The providers' priority tiers and static weights, as the router builds them from a
+    /// RoutingPolicy (`None` when no provider sets `priority` or `weight`); the error names
+    /// what is wrong (priority on some providers only, every weight 0, out of range).
+    pub fn tiers(&self) -> Result<Option<switchyard_core::weights::Tiers>, String> {
+        let names: Vec<&str> = self.providers.iter().map(|p| p.name.as_str()).collect();
+        let priority: Vec<Option<u32>> = self.providers.iter().map(|p| p.priority).collect();
+        let weight: Vec<Option<u32>> = self.providers.iter().map(|p| p.weight).collect();
+        switchyard_core::weights::Tiers::from_spec(&names, &priority, &weight)
+    }
+
     /// Checks the cross-field rules serde cannot express.
     pub fn validate(&self) -> Result<(), SimError> {
         let bad = |m: String| Err(SimError::Invalid(m));
@@ -577,6 +596,15 @@ impl Scenario {
             if p.concurrency == Some(0) {
                 return bad(format!("provider {}: concurrency must be >= 1", p.name));
             }
+        }
+        let tiers = self
+            .tiers()
+            .map_err(|e| SimError::Invalid(format!("providers: {e}")))?;
+        if tiers.is_some() && self.service != ServiceType::Chat {
+            return bad(
+                "providers: priority and weight apply only to chat (the stickyChain strategy)"
+                    .into(),
+            );
         }
         match &self.traffic {
             Traffic::Sessions(t) => {

@@ -7,8 +7,9 @@
 //! router's attempt guard does. Nothing here decides where a request goes; this module only
 //! builds the machine's settings from the scenario and closes the controller windows:
 //! every interval `T`, one `AvailabilityController::step` per provider on the window counts
-//! ([`window_counts`], the rule the router's controller uses too), then `cascade_weights` over
-//! the availabilities (chat only; embeddings use latency p2c and have no weights).
+//! ([`window_counts`], the rule the router's controller uses too), then `route_weights` over
+//! the availabilities (the list cascade, or the tiered one when the scenario's providers set
+//! `priority`/`weight`; chat only; embeddings use latency p2c and have no weights).
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use switchyard_core::dispatch::{
 use switchyard_core::p2c::{P2c, P2cConfig, ScoringMode};
 use switchyard_core::pause::{DEFAULT_PROBE_TIMEOUT, Pauses, RetryPolicy};
 use switchyard_core::time::Instant;
-use switchyard_core::weights::cascade_weights;
+use switchyard_core::weights::route_weights;
 
 use crate::model::Outcome;
 use crate::scenario::{BreakerOverrides, Scenario, ServiceType, SwitchyardSettings};
@@ -157,7 +158,9 @@ impl Switchyard {
             .map(|_| AvailabilityController::new(cfg.clone()))
             .collect();
         let avail: Vec<f64> = controllers.iter().map(|c| c.availability()).collect();
-        fleet.weights = cascade_weights(&avail);
+        // `validate` refused invalid tiers already.
+        fleet.tiers = sc.tiers().ok().flatten();
+        fleet.weights = route_weights(&avail, fleet.tiers.as_ref());
         Switchyard {
             fleet,
             policy: policy(sc),
@@ -200,7 +203,7 @@ impl Switchyard {
             let counts = window_counts(t, self.skips_are_errors, self.target_error_rate);
             self.avail[i] = c.step(counts).availability;
         }
-        self.fleet.weights = cascade_weights(&self.avail);
+        self.fleet.weights = route_weights(&self.avail, self.fleet.tiers.as_ref());
     }
 
     /// Per-provider availability after the last tick (chat).

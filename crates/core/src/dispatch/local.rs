@@ -12,6 +12,7 @@ use crate::chain::ChainPins;
 use crate::p2c::{P2c, P2cConfig};
 use crate::pause::Pauses;
 use crate::time::Instant;
+use crate::weights::Tiers;
 
 /// One provider's outcome counts since the last controller step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -82,6 +83,10 @@ pub struct LocalFleet {
     pub pins: ChainPins,
     /// The route's current cascade weights, per member.
     pub weights: Vec<f64>,
+    /// The route's priority tiers and static weights, when it has any: chains are then
+    /// [`crate::chain::tiered_chain`]s (set `weights` from
+    /// [`crate::weights::tiered_cascade_weights`] too).
+    pub tiers: Option<Tiers>,
     /// p2c scores.
     pub p2c: P2c,
     /// The retry budget, if any.
@@ -93,7 +98,7 @@ pub struct LocalFleet {
 }
 
 impl LocalFleet {
-    /// Providers `names` with default breakers, equal weights, default p2c, pins of `pin`
+    /// Providers `names` with default breakers, equal weights, no tiers, default p2c, pins of `pin`
     /// (capacity `pin_capacity`), the router's default retry budget (20 % over 10 s, floor
     /// 5/s), no throttle, and the core's default pause table.
     pub fn new(names: Vec<String>, pin: Duration, pin_capacity: usize) -> Self {
@@ -107,6 +112,7 @@ impl LocalFleet {
                 .collect(),
             pins: ChainPins::new(pin_capacity.max(1), pin),
             weights: vec![1.0; n],
+            tiers: None,
             p2c: P2c::new(n, P2cConfig::default()),
             budget: Some(RetryBudget::new(0.2, Duration::from_secs(10), 5)),
             throttle: None,
@@ -124,7 +130,8 @@ impl LocalFleet {
 impl Fleet for LocalFleet {
     fn chain(&mut self, project: &str, now: Instant) -> Vec<usize> {
         let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
-        self.pins.chain(project, &names, &self.weights, now)
+        self.pins
+            .route_chain(project, &names, &self.weights, self.tiers.as_ref(), now)
     }
 
     fn pinned(&mut self, project: &str, now: Instant) -> bool {
@@ -132,6 +139,9 @@ impl Fleet for LocalFleet {
     }
 
     fn move_to_front(&mut self, project: &str, member: usize, now: Instant) -> bool {
+        if self.tiers.as_ref().is_some_and(|t| t.is_standby(member)) {
+            return false;
+        }
         if self.pins.peek(project, now).and_then(|c| c.first()) == Some(&member) {
             return false;
         }
