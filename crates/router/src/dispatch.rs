@@ -1372,9 +1372,16 @@ async fn stream_attempt(
     deadline: switchyard_core::time::Instant,
 ) -> Attempt {
     let upstream_dialect = provider_dialect(kind);
-    // Delivered output of a stream cut before usage is counted with the router's tokenizer.
-    let mut translator = translator(app, req.op, kind, req.client_wants_usage)
-        .count_output_with(crate::estimate::count_tokens);
+    // Delivered output of a stream cut before usage is counted with the router's tokenizer
+    // when something configured counts tokens; otherwise at about four bytes per token, so a
+    // cut stream never loads the vocabulary on the request path (issue 16 item 1).
+    let count: fn(&str) -> u64 = if app.runtime.live().table.needs_tokens {
+        crate::estimate::count_tokens
+    } else {
+        crate::estimate::approximate_tokens
+    };
+    let mut translator =
+        translator(app, req.op, kind, req.client_wants_usage).count_output_with(count);
     let mut body = response.body;
     let mut held = BytesMut::new();
     let sent_at = guard.started;

@@ -667,6 +667,12 @@ static O200K: LazyLock<O200k> = LazyLock::new(|| {
     }
 });
 
+/// About four bytes of UTF-8 per token (rounded up): the count used when nothing configured
+/// needs exact tokens, so the vocabulary is not loaded just to label a metric.
+pub fn approximate_tokens(text: &str) -> u64 {
+    u64::try_from(text.len().div_ceil(4)).unwrap_or(u64::MAX)
+}
+
 /// Loads the tokenizer now instead of on the first request (call at start-up).
 pub fn warm_up() {
     LazyLock::force(&O200K);
