@@ -25,6 +25,7 @@ use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use futures::{FutureExt, StreamExt};
 use serde_json::Value;
+use smallvec::SmallVec;
 use switchyard_core::breaker::CircuitBreaker;
 use switchyard_core::budget::{FallbackThrottle, RetryBudget};
 use switchyard_core::classify::{
@@ -447,7 +448,8 @@ impl Fleet for RouterFleet<'_> {
         let route = &self.live.table.routes[self.route];
         let state = &self.live.routes[self.route];
         let weights = state.weights.load();
-        let names: Vec<&str> = route.provider_names.iter().map(String::as_str).collect();
+        // On the stack: this runs for every request (issue 16 item 2).
+        let names: SmallVec<[&str; 8]> = route.provider_names.iter().map(String::as_str).collect();
         lock(&state.pins).route_chain(project, &names, &weights, route.tiers.as_ref(), now)
     }
 
@@ -476,7 +478,7 @@ impl Fleet for RouterFleet<'_> {
 
     fn pauses<R>(&mut self, provider: usize, f: impl FnOnce(&mut Pauses, &[&str]) -> R) -> R {
         let p = &self.live.table.providers[provider];
-        let scopes: Vec<&str> = p.pause_scopes.iter().map(String::as_str).collect();
+        let scopes: SmallVec<[&str; 4]> = p.pause_scopes.iter().map(String::as_str).collect();
         f(&mut lock(&self.app.runtime.pauses), &scopes)
     }
 
