@@ -297,6 +297,26 @@ impl ChainPins {
         self.route_chain(key, providers, weights, None, now)
     }
 
+    /// The affinity move after a request was served below the head of `key`'s chain (the
+    /// dispatch machine's [`crate::dispatch::Fleet::move_to_front`]): moves `member` to the
+    /// front unless it already is there or it is a weight-0 standby of a tiered route (a
+    /// standby serves only while nothing else can, so pinned projects must not stay on it).
+    /// Returns `true` for an affinity break (the pin's head changed).
+    pub fn route_move_to_front(
+        &mut self,
+        key: &str,
+        member: usize,
+        tiers: Option<&Tiers>,
+        now: Instant,
+    ) -> bool {
+        if tiers.is_some_and(|t| t.is_standby(member))
+            || self.peek(key, now).and_then(|c| c.first()) == Some(&member)
+        {
+            return false;
+        }
+        self.move_to_front(key, member, now)
+    }
+
     /// [`ChainPins::chain`] for a route that may have [`Tiers`]: a fresh chain is
     /// [`route_chain`] (the tiered chain when `tiers` is given), and a pin is used only while
     /// the tiers are the ones it was computed with (a changed priority or weight re-samples).

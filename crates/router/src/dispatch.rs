@@ -466,14 +466,7 @@ impl Fleet for RouterFleet<'_> {
         now: switchyard_core::time::Instant,
     ) -> bool {
         let tiers = self.live.table.routes[self.route].tiers.as_ref();
-        if tiers.is_some_and(|t| t.is_standby(member)) {
-            return false;
-        }
-        let mut pins = lock(&self.live.routes[self.route].pins);
-        if pins.peek(project, now).and_then(|c| c.first()) == Some(&member) {
-            return false;
-        }
-        pins.move_to_front(project, member, now)
+        lock(&self.live.routes[self.route].pins).route_move_to_front(project, member, tiers, now)
     }
 
     fn pauses<R>(&mut self, provider: usize, f: impl FnOnce(&mut Pauses, &[&str]) -> R) -> R {

@@ -139,13 +139,8 @@ impl Fleet for LocalFleet {
     }
 
     fn move_to_front(&mut self, project: &str, member: usize, now: Instant) -> bool {
-        if self.tiers.as_ref().is_some_and(|t| t.is_standby(member)) {
-            return false;
-        }
-        if self.pins.peek(project, now).and_then(|c| c.first()) == Some(&member) {
-            return false;
-        }
-        self.pins.move_to_front(project, member, now)
+        self.pins
+            .route_move_to_front(project, member, self.tiers.as_ref(), now)
     }
 
     fn pauses<R>(&mut self, provider: usize, f: impl FnOnce(&mut Pauses, &[&str]) -> R) -> R {
