@@ -447,9 +447,11 @@ async fn case_21_run(variant: &str, fault: Fault) {
     let a = stack.mock("p-a").calls()[0].clone();
     let b = stack.mock("p-b").calls()[0].clone();
     let switch = b.at - a.at;
+    // The router's 500 ms run from before it sends; the mock stamps P-A's start when the request
+    // arrives, a few ms later on a loaded machine (seen: 495 ms at load 8), hence 450 ms.
     assert!(
-        switch >= Duration::from_millis(500) && switch <= Duration::from_millis(700),
-        "({variant}) switched to P-B {switch:?} after P-A's start; timeout is 500 ms ± 200 ms"
+        switch >= Duration::from_millis(450) && switch <= Duration::from_millis(700),
+        "({variant}) switched to P-B {switch:?} after P-A's start; timeout is 500 ms (-50/+200 ms)"
     );
     let closed = a
         .cancelled_at

@@ -11,7 +11,7 @@
 //! ```json
 //! {"replica":"router-7d9c-abcde","startedAt":"2026-11-30T11:00:00Z",
 //!  "providers":{"team-a/anthropic-east":{"successes":120,"cancelled":3,"inFlight":2,
-//!    "errors":{"capacity":4,"server":1}}}}
+//!    "errors":{"capacity":4,"server":1},"slow":7}}}
 //! ```
 //! `errors` is keyed by the error class names of `switchyard_core::classify::ErrorClass`
 //! (`capacity`, `overload`, `timeout`, `connect`, `server`, `auth`, `policy`, `request`,
@@ -54,6 +54,11 @@ pub struct ProviderOutcomes {
     /// Attempts in flight at the time of the scrape (a gauge, not a counter).
     #[serde(default)]
     pub in_flight: i64,
+    /// Successes that were clearly slower than the provider's latency baseline on this
+    /// replica (`switchyard_core::latency`; also counted in `successes`). Absent = 0 (older
+    /// routers).
+    #[serde(default)]
+    pub slow: u64,
 }
 
 impl ProviderOutcomes {

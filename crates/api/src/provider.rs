@@ -439,6 +439,13 @@ pub struct ReplicaCounted {
     /// Cancelled attempts counted.
     #[serde(default)]
     pub cancelled: u64,
+    /// Successes counted as slow against the provider's latency baseline.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub slow: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Outcome counts and score of one controller window.

@@ -55,6 +55,7 @@ use rand::Rng;
 use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::budget::{FallbackThrottle, RetryBudget};
 use crate::classify::{Classification, ErrorClass};
+use crate::latency::{Judgement, LatencyModel, LatencySample};
 use crate::p2c::P2c;
 use crate::pause::{
     Admission, AttemptContext, PausePolicy, Pauses, RetryDecision, RetryPolicy, next_attempt,
@@ -225,6 +226,10 @@ pub struct Request {
     pub members: Vec<Member>,
     /// The tenant's queue, if any.
     pub queue: Option<QueueTerms>,
+    /// For a streamed request, its input tokens (estimated): the adaptive first-token deadline
+    /// applies ([`crate::latency::LatencyModel::first_token_timeout`]). `None` for a request
+    /// whose answer arrives whole, where the first byte says nothing about the provider's pace.
+    pub stream_input: Option<u64>,
 }
 
 /// An outcome event of the walk, counted into the provider's controller window.
@@ -240,6 +245,9 @@ pub enum Count {
     SkippedPaused,
     /// A request skipped the provider because its circuit was open (or had no trial permit).
     SkippedOpen,
+    /// A success that was clearly slower than the provider's baseline ([`observe_latency`]);
+    /// counted besides its [`Count::Success`].
+    Slow,
 }
 
 /// The state shared between requests, as the machine reaches it. Provider arguments are fleet
@@ -271,6 +279,33 @@ pub trait Fleet {
     fn paused(&mut self, _scope: &str, _until: Instant) {}
     /// The provider's circuit opened until `until`.
     fn breaker_opened(&mut self, _provider: usize, _until: Instant) {}
+    /// Runs `f` on the provider's latency model ([`crate::latency`]) with its peers' reference
+    /// log-ratio ([`crate::latency::peer_log_ratio`] over the other providers); `None` when the fleet keeps no
+    /// latency models.
+    fn latency<R>(
+        &mut self,
+        _provider: usize,
+        _f: impl FnOnce(&mut LatencyModel, f64) -> R,
+    ) -> Option<R> {
+        None
+    }
+}
+
+/// Judges a successful attempt's latency against the provider's baseline and its peers
+/// ([`crate::latency`]), learns from it, and counts [`Count::Slow`] when it was slow. Call it
+/// besides [`settle`] for attempts that ended (at `now`) in [`Settled::Success`]; `None` when the fleet
+/// keeps no latency models.
+pub fn observe_latency(
+    fleet: &mut impl Fleet,
+    provider: usize,
+    sample: &LatencySample,
+    now: Instant,
+) -> Option<Judgement> {
+    let j = fleet.latency(provider, |model, peers| model.observe(sample, peers, now))?;
+    if j.slow {
+        fleet.count(provider, Count::Slow);
+    }
+    Some(j)
 }
 
 /// How an attempt that was sent ended, for [`settle`].
@@ -443,6 +478,10 @@ pub enum Action {
         /// When this attempt must have answered (half of the time left while a fallback is
         /// possible, else the request deadline).
         attempt_deadline: Instant,
+        /// For a stream ([`Request::stream_input`]) while a fallback is possible: when its
+        /// first token must have arrived, from the provider's latency baseline
+        /// ([`crate::latency::LatencyModel::first_token_timeout`]); `None` = no adaptive bound.
+        first_token_deadline: Option<Instant>,
         /// The request deadline.
         deadline: Instant,
         /// Whether this is a retry (not the request's first attempt).
@@ -887,10 +926,23 @@ impl Dispatch {
         } else {
             self.deadline
         };
+        // A stream shows its first token after prefill: while a fallback is possible, a
+        // provider far slower than its own baseline is left before any content.
+        let first_token_deadline = self
+            .req
+            .stream_input
+            .filter(|_| fallback_possible)
+            .and_then(|input| {
+                fleet
+                    .latency(provider, |model, _| model.first_token_timeout(input))
+                    .flatten()
+            })
+            .map(|t| attempt_deadline.min(now + t));
         self.phase = Phase::Sending;
         self.wait_for(Action::Send {
             member: pos,
             attempt_deadline,
+            first_token_deadline,
             deadline: self.deadline,
             retry,
         })

@@ -14,6 +14,7 @@ pub mod classify;
 pub mod dispatch;
 pub mod estimate;
 pub mod health;
+pub mod latency;
 pub mod p2c;
 pub mod pause;
 pub mod queue;

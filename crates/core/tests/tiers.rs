@@ -119,6 +119,7 @@ fn run(
             start: *now,
             members,
             queue: None,
+            stream_input: None,
         },
     );
     let mut rng = ChaCha8Rng::seed_from_u64(7);

@@ -148,7 +148,9 @@ impl ControlState {
                 control.controller = AvailabilityController::with_availability(cfg, a);
             }
             let window = windows.get(&key).cloned().unwrap_or_default();
-            let report = control.controller.step(window.counts());
+            let report = control
+                .controller
+                .step(window.counts(control.controller.config().target_error_rate));
             control.figures = ProviderFigures {
                 availability: report.availability,
                 window: Some(WindowStatus {

@@ -46,6 +46,7 @@ use switchyard_api::outcomes::{OUTCOMES_PATH, OutcomeReport, ProviderOutcomes};
 use switchyard_api::provider::ReplicaCounted;
 use switchyard_core::availability::WindowCounts;
 use switchyard_core::classify::ErrorClass;
+use switchyard_core::latency::slow_as_errors;
 
 /// Where the router replicas are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,20 +134,25 @@ pub struct ProviderWindow {
     pub errors: BTreeMap<String, u64>,
     /// Attempts the client cancelled.
     pub cancelled: u64,
+    /// Successes judged slow by the routers' latency baselines.
+    pub slow: u64,
 }
 
 impl ProviderWindow {
-    /// The counts the availability controller takes.
-    pub fn counts(&self) -> WindowCounts {
+    /// The counts the availability controller takes: slow successes are soft errors
+    /// (`switchyard_core::latency::slow_as_errors` at the controller's `target_error_rate`),
+    /// as in the router's own windows.
+    pub fn counts(&self, target_error_rate: f64) -> WindowCounts {
         WindowCounts {
             successes: self.successes,
-            provider_errors: self.provider_errors,
+            provider_errors: self.provider_errors + slow_as_errors(self.slow, target_error_rate),
         }
     }
 
     fn add(&mut self, d: &ProviderOutcomes) {
         self.successes += d.successes;
         self.cancelled += d.cancelled;
+        self.slow += d.slow;
         for (class, n) in &d.errors {
             *self.errors.entry(class.clone()).or_default() += n;
             if is_provider_side(class) {
@@ -216,6 +222,7 @@ fn reset(prev: &OutcomeReport, cur: &OutcomeReport) -> bool {
 fn went_down(prev: &ProviderOutcomes, cur: &ProviderOutcomes) -> bool {
     cur.successes < prev.successes
         || cur.cancelled < prev.cancelled
+        || cur.slow < prev.slow
         || prev
             .errors
             .iter()
@@ -231,6 +238,7 @@ fn resumable(checkpoint: &ReplicaCounted, report: &OutcomeReport) -> Option<Prov
             errors: checkpoint.errors.clone(),
             cancelled: checkpoint.cancelled,
             in_flight: 0,
+            slow: checkpoint.slow,
         }
     })
 }
@@ -250,6 +258,7 @@ pub fn counted(report: &OutcomeReport, counters: &ProviderOutcomes) -> ReplicaCo
             .map(|(c, n)| (c.clone(), *n))
             .collect(),
         cancelled: counters.cancelled,
+        slow: counters.slow,
     }
 }
 
@@ -264,6 +273,7 @@ fn minus(cur: &ProviderOutcomes, prev: Option<&ProviderOutcomes>) -> ProviderOut
             .collect(),
         cancelled: cur.cancelled.saturating_sub(prev.cancelled),
         in_flight: cur.in_flight,
+        slow: cur.slow.saturating_sub(prev.slow),
     }
 }
 

@@ -114,6 +114,7 @@ async fn collect_first_sight_resumes_from_the_checkpoint_in_status() {
                 successes,
                 errors: errors.iter().map(|(c, n)| ((*c).to_owned(), *n)).collect(),
                 cancelled: 0,
+                slow: 0,
             });
     };
     entry("router-a", EARLY, 100, &[("capacity", 5)]);

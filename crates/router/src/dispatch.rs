@@ -33,8 +33,9 @@ use switchyard_core::classify::{
 };
 use switchyard_core::dispatch::{
     Action, Count, Dispatch, Event, Failure, Fit, Fleet, Member, QueueTerms,
-    Request as DispatchRequest, Reservation, Settled, Stop, Verdict, settle,
+    Request as DispatchRequest, Reservation, Settled, Stop, Verdict, observe_latency, settle,
 };
+use switchyard_core::latency::{LatencyModel, LatencySample, peer_log_ratio};
 use switchyard_core::p2c::P2c;
 use switchyard_core::pause::Pauses;
 use switchyard_core::queue::QueueReason;
@@ -62,6 +63,8 @@ const MAX_UPSTREAM_BODY: usize = 32 * 1024 * 1024;
 struct AttemptDeadlines {
     attempt: switchyard_core::time::Instant,
     request: switchyard_core::time::Instant,
+    /// A stream's adaptive first-token deadline (`switchyard_core::latency`), if any.
+    first_token: Option<switchyard_core::time::Instant>,
 }
 
 /// Outcome of one attempt.
@@ -84,6 +87,10 @@ struct AttemptGuard {
     quota: Option<Reserved>,
     /// What was really used so far, for a settle when the client goes away mid-stream.
     partial: Option<NormalizedUsage>,
+    /// Whether a success feeds the provider's latency baseline (chat and messages).
+    learns_latency: bool,
+    /// When the stream's first content arrived, after `started`.
+    first_token: Option<Duration>,
 }
 
 /// A reservation held by an attempt, with what settling it needs.
@@ -177,6 +184,8 @@ impl AttemptGuard {
             done: false,
             quota,
             partial: None,
+            learns_latency: false,
+            first_token: None,
         }
     }
 
@@ -218,6 +227,23 @@ impl AttemptGuard {
         }
         let elapsed = self.started.elapsed();
         self.settle(Settled::Success);
+        if self.learns_latency
+            && let Some(u) = usage
+        {
+            let sample = LatencySample {
+                total: elapsed,
+                first_token: self.first_token,
+                uncached_input: u.input_uncached + u.cache_write,
+                cached_input: u.cache_read,
+                output: u.output,
+            };
+            let mut fleet = RouterFleet {
+                app: &self.app,
+                live: &self.live,
+                route: self.route,
+            };
+            observe_latency(&mut fleet, self.provider, &sample, self.app.clock.now());
+        }
         let provider = label(self.config());
         self.app
             .metrics
@@ -498,6 +524,24 @@ impl Fleet for RouterFleet<'_> {
         self.live.providers[provider].counters.count(event);
     }
 
+    fn latency<R>(
+        &mut self,
+        provider: usize,
+        f: impl FnOnce(&mut LatencyModel, f64) -> R,
+    ) -> Option<R> {
+        // Peers: every other provider this router serves through (their ratios are to their
+        // own baselines, so providers of different speeds compare).
+        let peers = peer_log_ratio(
+            self.live
+                .providers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != provider)
+                .map(|(_, p)| p.recent_log_ratio()),
+        );
+        Some(self.live.providers[provider].with_latency(|m| f(m, peers)))
+    }
+
     fn paused(&mut self, scope: &str, until: switchyard_core::time::Instant) {
         // Every replica honours it, not just this one (field case 8).
         crate::signals::publish_pause(self.app, scope, until);
@@ -623,6 +667,8 @@ async fn execute(
             start,
             members: members(app, live, route, req, start),
             queue,
+            stream_input: (req.stream && matches!(req.op, ClientOp::Chat | ClientOp::Messages))
+                .then_some(req.estimated_input_tokens),
         },
     );
     let mut fleet = RouterFleet {
@@ -680,6 +726,7 @@ async fn execute(
             Action::Send {
                 member,
                 attempt_deadline,
+                first_token_deadline,
                 deadline,
                 retry,
             } => {
@@ -706,6 +753,7 @@ async fn execute(
                     AttemptDeadlines {
                         attempt: attempt_deadline,
                         request: deadline,
+                        first_token: first_token_deadline,
                     },
                     reserved.take(),
                 )
@@ -1069,7 +1117,8 @@ async fn attempt(
     let provider = &live.table.providers[provider_index];
     // Every attempt the machine sent is settled exactly once, also when nothing leaves (the
     // reservation is then credited back in full).
-    let guard = AttemptGuard::start(app, live, route_index, provider_index, quota);
+    let mut guard = AttemptGuard::start(app, live, route_index, provider_index, quota);
+    guard.learns_latency = matches!(req.op, ClientOp::Chat | ClientOp::Messages);
     let Ok(client) = provider.client.as_ref() else {
         return fail(guard, Classification::new(ErrorClass::Auth));
     };
@@ -1104,7 +1153,13 @@ async fn attempt(
     // (once content flows it may run to the request deadline: it can no longer move).
     let attempt_remaining = deadlines.attempt.min(deadline).saturating_since(now);
     let header_budget = if streaming {
-        provider.first_token_timeout(route).min(attempt_remaining)
+        let adaptive = deadlines
+            .first_token
+            .map_or(Duration::MAX, |t| t.saturating_since(now));
+        provider
+            .first_token_timeout(route)
+            .min(attempt_remaining)
+            .min(adaptive)
     } else {
         attempt_remaining
     };
@@ -1448,6 +1503,7 @@ async fn stream_attempt(
                             .ttft
                             .get_or_create(&label(guard.config()))
                             .observe(sent_at.elapsed().as_secs_f64());
+                        guard.first_token = Some(guard.started.elapsed());
                         return Attempt::Served(commit(
                             app.clone(),
                             guard,

@@ -71,6 +71,7 @@ pub fn provider_outcomes(c: &OutcomeCounters) -> ProviderOutcomes {
         errors,
         cancelled: c.cancelled.load(Ordering::Relaxed),
         in_flight: c.in_flight.load(Ordering::Relaxed),
+        slow: c.slow.load(Ordering::Relaxed),
     }
 }
 

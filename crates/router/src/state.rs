@@ -18,6 +18,7 @@ use switchyard_core::budget::{FallbackThrottle, RetryBudget};
 use switchyard_core::chain::ChainPins;
 use switchyard_core::classify::ErrorClass;
 use switchyard_core::dispatch::{Count, Tally, window_counts};
+use switchyard_core::latency::LatencyModel;
 use switchyard_core::p2c::{P2c, P2cConfig};
 use switchyard_core::pause::Pauses;
 use switchyard_core::time::Instant;
@@ -45,6 +46,8 @@ pub struct OutcomeCounters {
     pub skipped_paused: AtomicU64,
     /// Requests that skipped the provider while its circuit was open.
     pub skipped_open: AtomicU64,
+    /// Successes judged slow against the provider's latency baseline (also in `successes`).
+    pub slow: AtomicU64,
     /// Attempts in flight.
     pub in_flight: AtomicI64,
 }
@@ -80,6 +83,7 @@ impl OutcomeCounters {
             cancelled: self.cancelled.load(Ordering::Relaxed),
             skipped_paused: self.skipped_paused.load(Ordering::Relaxed),
             skipped_open: self.skipped_open.load(Ordering::Relaxed),
+            slow: self.slow.load(Ordering::Relaxed),
         }
     }
 
@@ -91,6 +95,7 @@ impl OutcomeCounters {
             Count::Cancelled => &self.cancelled,
             Count::SkippedPaused => &self.skipped_paused,
             Count::SkippedOpen => &self.skipped_open,
+            Count::Slow => &self.slow,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -105,6 +110,7 @@ fn tally_since(b: Tally, a: Tally) -> Tally {
         cancelled: b.cancelled.saturating_sub(a.cancelled),
         skipped_paused: b.skipped_paused.saturating_sub(a.skipped_paused),
         skipped_open: b.skipped_open.saturating_sub(a.skipped_open),
+        slow: b.slow.saturating_sub(a.slow),
     }
 }
 
@@ -128,6 +134,10 @@ pub struct ProviderState {
     pub breaker: Mutex<CircuitBreaker>,
     controller: Mutex<(AvailabilityController, Tally, Window)>,
     availability_bits: AtomicU64,
+    /// Latency baseline (`switchyard_core::latency`), kept across reloads like the counters.
+    latency: Mutex<LatencyModel>,
+    /// The model's recent log-ratio for its peers (f64 bits; NaN = none yet).
+    recent_bits: AtomicU64,
 }
 
 impl ProviderState {
@@ -141,7 +151,24 @@ impl ProviderState {
                 Window::default(),
             )),
             availability_bits: AtomicU64::new(1.0f64.to_bits()),
+            latency: Mutex::new(LatencyModel::new()),
+            recent_bits: AtomicU64::new(f64::NAN.to_bits()),
         }
+    }
+
+    /// Runs `f` on the provider's latency model, then publishes its recent log-ratio.
+    pub fn with_latency<R>(&self, f: impl FnOnce(&mut LatencyModel) -> R) -> R {
+        let mut m = lock(&self.latency);
+        let r = f(&mut m);
+        let recent = m.recent_log_ratio().unwrap_or(f64::NAN);
+        self.recent_bits.store(recent.to_bits(), Ordering::Relaxed);
+        r
+    }
+
+    /// The latency model's recent log-ratio (what peers compare with); `None` while cold.
+    pub fn recent_log_ratio(&self) -> Option<f64> {
+        let v = f64::from_bits(self.recent_bits.load(Ordering::Relaxed));
+        (!v.is_nan()).then_some(v)
     }
 
     /// Current availability in [0, 1].

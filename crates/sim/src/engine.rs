@@ -28,7 +28,8 @@ use crate::model::{AttemptInput, Outcome, ProviderState, hash, unit};
 use crate::scenario::{Scenario, Traffic};
 use crate::strategy::{Pick, Strategy, StrategyKind};
 use crate::switchyard::{Switchyard, outcome_of, waited_out};
-use switchyard_core::dispatch::{Action, Dispatch, Event, settle};
+use switchyard_core::dispatch::{Action, Dispatch, Event, observe_latency, settle};
+use switchyard_core::latency::LatencySample;
 use switchyard_core::queue::QueueReason;
 
 const NO_SESSION: u32 = u32::MAX;
@@ -83,6 +84,8 @@ struct Req {
     sent: Duration,
     uncached: u64,
     cached: u64,
+    /// When the attempt in flight shows its first byte, after `sent`.
+    first_byte: Duration,
     /// The request's dispatch machine (`switchyard` runs only).
     machine: Option<Box<Dispatch>>,
 }
@@ -326,6 +329,12 @@ impl<'a> Engine<'a> {
 
     fn new_req(&mut self, session: u32, project: u32, turn: u32, id: u64) -> u32 {
         self.next_request_id += 1;
+        let input_tokens = match (&self.sc.traffic, self.sessions.get(session as usize)) {
+            (Traffic::Sessions(_), Some(sess)) => sess.context,
+            (Traffic::Poisson(t), _) => t.input_tokens,
+            (Traffic::Script(t), _) => t.input_tokens,
+            _ => 0,
+        };
         let req = Req {
             session,
             project,
@@ -339,10 +348,11 @@ impl<'a> Engine<'a> {
             sent: self.now,
             uncached: 0,
             cached: 0,
+            first_byte: Duration::ZERO,
             machine: self
                 .router
                 .as_ref()
-                .map(|router| Box::new(router.request(project, instant(self.now)))),
+                .map(|router| Box::new(router.request(project, instant(self.now), input_tokens))),
         };
         match self.free.pop() {
             Some(i) => {
@@ -379,7 +389,7 @@ impl<'a> Engine<'a> {
         }
         let pick = strategy.pick(req.project, req.tried, now_i, &mut self.srng);
         match pick {
-            Pick::Send(p) => self.send(r, p, self.sc.request_timeout),
+            Pick::Send(p) => self.send(r, p, self.sc.request_timeout, None),
             Pick::GiveUp => self.fail(r, Failure::NoCandidate),
         }
     }
@@ -407,13 +417,15 @@ impl<'a> Engine<'a> {
             Action::Send {
                 member,
                 attempt_deadline,
+                first_token_deadline,
                 ..
             } => {
                 let timeout = self
                     .sc
                     .request_timeout
                     .min(attempt_deadline.saturating_since(now));
-                self.send(r, member, timeout);
+                let first_token = first_token_deadline.map(|d| d.saturating_since(now));
+                self.send(r, member, timeout, first_token);
             }
             Action::Wait { until } => {
                 // Events are kept in whole microseconds: round the wake-up up, or a pause that
@@ -435,7 +447,10 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn send(&mut self, r: u32, p: usize, timeout: Duration) {
+    /// Sends request `r`'s next attempt to provider `p`: it times out after `timeout`, or after
+    /// `first_token` when its first byte comes later than that (the adaptive first-token
+    /// deadline of a stream; the provider has admitted the work and debited its buckets).
+    fn send(&mut self, r: u32, p: usize, timeout: Duration, first_token: Option<Duration>) {
         let sc = self.sc;
         let spec = &sc.providers[p];
         let now = self.now;
@@ -460,7 +475,7 @@ impl<'a> Engine<'a> {
             let (s, t) = (u64::from(req.session), u64::from(req.turn));
             hash(sc.seed, &[s, t, u64::from(req.attempts), p as u64])
         };
-        let (outcome, latency, first_byte) = self.providers[p].attempt(
+        let (mut outcome, mut latency, mut first_byte) = self.providers[p].attempt(
             spec,
             now,
             timeout,
@@ -471,6 +486,12 @@ impl<'a> Engine<'a> {
                 dice,
             },
         );
+        if let Some(ft) = first_token
+            && matches!(outcome, Outcome::Ok | Outcome::StreamCut { .. })
+            && first_byte > ft
+        {
+            (outcome, latency, first_byte) = (Outcome::Timeout, ft, ft);
+        }
         if let Some(log) = self.replay.as_mut() {
             log.attempts.push(ReplayAttempt {
                 request: req.id,
@@ -485,6 +506,7 @@ impl<'a> Engine<'a> {
         req.sent = now;
         req.uncached = uncached;
         req.cached = cached;
+        req.first_byte = first_byte;
         self.providers[p].in_flight += 1;
         if let Some(strategy) = self.strategy.as_mut() {
             strategy.on_start(p, instant(now));
@@ -502,12 +524,26 @@ impl<'a> Engine<'a> {
         let req = &self.reqs[r as usize];
         let (p, outcome) = (req.provider, req.outcome);
         let latency = self.now.saturating_sub(req.sent);
+        let output = match &self.sc.traffic {
+            Traffic::Sessions(t) => t.output_tokens,
+            _ => 0,
+        };
+        let sample = LatencySample {
+            total: latency,
+            first_token: Some(req.first_byte),
+            uncached_input: req.uncached,
+            cached_input: req.cached,
+            output,
+        };
         self.providers[p].in_flight = self.providers[p].in_flight.saturating_sub(1);
         if let (Some(router), Some(m)) =
             (self.router.as_mut(), self.reqs[r as usize].machine.as_mut())
         {
             let (end, finished) = outcome_of(outcome);
             settle(&mut router.fleet, p, end, instant(self.now), latency);
+            if matches!(outcome, Outcome::Ok) {
+                observe_latency(&mut router.fleet, p, &sample, instant(self.now));
+            }
             m.handle(&mut router.fleet, Event::Finished(finished));
         } else if let Some(strategy) = self.strategy.as_mut() {
             strategy.on_finish(p, instant(self.now), latency, outcome);

@@ -251,6 +251,10 @@ pub struct SwitchyardSettings {
     pub same_provider_retries: u32,
     /// LLMProvider `circuitBreaker` overrides, the same for every provider.
     pub circuit_breaker: BreakerOverrides,
+    /// The latency signal (`switchyard_core::latency`, default on as in the router): slow
+    /// answers are soft errors in the controller window, and chat requests (streams) get the
+    /// adaptive first-token deadline. `false` = the controller sees errors only.
+    pub latency_signal: bool,
 }
 
 /// Optional overrides of the core's circuit-breaker settings (LLMProvider `circuitBreaker`).
@@ -284,6 +288,7 @@ impl Default for SwitchyardSettings {
             deadline: Duration::from_secs(60),
             same_provider_retries: 0,
             circuit_breaker: BreakerOverrides::default(),
+            latency_signal: true,
         }
     }
 }

@@ -22,6 +22,7 @@ use switchyard_core::dispatch::{
     Dispatch, Failure, Fit, LocalFleet, Member, Order, Policy, Request, Reservation, Settled,
     Verdict, window_counts,
 };
+use switchyard_core::latency::LatencyModel;
 use switchyard_core::p2c::{P2c, P2cConfig, ScoringMode};
 use switchyard_core::pause::{DEFAULT_PROBE_TIMEOUT, Pauses, RetryPolicy};
 use switchyard_core::time::Instant;
@@ -160,6 +161,10 @@ impl Switchyard {
         let avail: Vec<f64> = controllers.iter().map(|c| c.availability()).collect();
         // `validate` refused invalid tiers already.
         fleet.tiers = sc.tiers().ok().flatten();
+        let chat = sc.service == ServiceType::Chat;
+        if chat && s.latency_signal {
+            fleet.latency = vec![LatencyModel::new(); n];
+        }
         fleet.weights = route_weights(&avail, fleet.tiers.as_ref());
         Switchyard {
             fleet,
@@ -167,15 +172,17 @@ impl Switchyard {
             keys: (0..projects).map(|i| format!("project-{i}")).collect(),
             controllers,
             avail,
-            chat: sc.service == ServiceType::Chat,
+            chat,
             skips_are_errors: s.skips_count_as_errors,
             target_error_rate: cfg.target_error_rate,
         }
     }
 
-    /// A machine for a request of `project` arriving at `start`: every provider serves, none
-    /// reserves (the simulated providers keep their own limits), no tenant queue.
-    pub(crate) fn request(&self, project: u32, start: Instant) -> Dispatch {
+    /// A machine for a request of `project` with `input_tokens` of input arriving at `start`:
+    /// every provider serves, none reserves (the simulated providers keep their own limits), no
+    /// tenant queue; chat requests are streams (agents stream), so the adaptive first-token
+    /// deadline applies to them when the latency signal is on.
+    pub(crate) fn request(&self, project: u32, start: Instant, input_tokens: u64) -> Dispatch {
         let members = (0..self.fleet.names.len())
             .map(|provider| Member {
                 provider,
@@ -192,6 +199,7 @@ impl Switchyard {
                 start,
                 members,
                 queue: None,
+                stream_input: self.chat.then_some(input_tokens),
             },
         )
     }

@@ -9,6 +9,7 @@ use crate::availability::WindowCounts;
 use crate::breaker::{BreakerConfig, CircuitBreaker};
 use crate::budget::{FallbackThrottle, RetryBudget};
 use crate::chain::ChainPins;
+use crate::latency::{LatencyModel, peer_log_ratio, slow_as_errors};
 use crate::p2c::{P2c, P2cConfig};
 use crate::pause::Pauses;
 use crate::time::Instant;
@@ -29,6 +30,8 @@ pub struct Tally {
     pub skipped_paused: u64,
     /// Requests that skipped the provider while its circuit was open.
     pub skipped_open: u64,
+    /// Successes judged slow against the provider's latency baseline (also in `successes`).
+    pub slow: u64,
 }
 
 impl Tally {
@@ -41,6 +44,7 @@ impl Tally {
             Count::Cancelled => self.cancelled += 1,
             Count::SkippedPaused => self.skipped_paused += 1,
             Count::SkippedOpen => self.skipped_open += 1,
+            Count::Slow => self.slow += 1,
         }
     }
 }
@@ -53,8 +57,11 @@ impl Tally {
 /// an open circuit stands for an attempt predicted to fail; it counts only while the window's
 /// real outcomes agree (no success at all, or an error rate above `target_error_rate`), so one
 /// stale skip at low volume right after a recovery cannot read as a high error rate.
+///
+/// Slow successes are soft errors: each counts as `target_error_rate / SLOW_TARGET` of an
+/// error ([`crate::latency::slow_as_errors`]).
 pub fn window_counts(t: &Tally, skips_as_errors: bool, target_error_rate: f64) -> WindowCounts {
-    let mut errors = t.provider_errors;
+    let mut errors = t.provider_errors + slow_as_errors(t.slow, target_error_rate);
     if skips_as_errors {
         let real = (t.successes + t.provider_errors) as f64;
         if t.successes == 0 || t.provider_errors as f64 > target_error_rate * real {
@@ -95,12 +102,14 @@ pub struct LocalFleet {
     pub throttle: Option<FallbackThrottle>,
     /// Outcome counts since the last [`LocalFleet::take_tallies`].
     pub tallies: Vec<Tally>,
+    /// Latency baselines per provider ([`crate::latency`]); empty = no latency signal.
+    pub latency: Vec<LatencyModel>,
 }
 
 impl LocalFleet {
     /// Providers `names` with default breakers, equal weights, no tiers, default p2c, pins of `pin`
     /// (capacity `pin_capacity`), the router's default retry budget (20 % over 10 s, floor
-    /// 5/s), no throttle, and the core's default pause table.
+    /// 5/s), no throttle, the core's default pause table and no latency models.
     pub fn new(names: Vec<String>, pin: Duration, pin_capacity: usize) -> Self {
         let n = names.len();
         LocalFleet {
@@ -117,6 +126,7 @@ impl LocalFleet {
             budget: Some(RetryBudget::new(0.2, Duration::from_secs(10), 5)),
             throttle: None,
             tallies: vec![Tally::default(); n],
+            latency: Vec::new(),
         }
     }
 
@@ -172,5 +182,20 @@ impl Fleet for LocalFleet {
         if let Some(t) = self.tallies.get_mut(provider) {
             t.add(event);
         }
+    }
+
+    fn latency<R>(
+        &mut self,
+        provider: usize,
+        f: impl FnOnce(&mut LatencyModel, f64) -> R,
+    ) -> Option<R> {
+        let peers = peer_log_ratio(
+            self.latency
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != provider)
+                .map(|(_, m)| m.recent_log_ratio()),
+        );
+        self.latency.get_mut(provider).map(|m| f(m, peers))
     }
 }

@@ -33,6 +33,7 @@ fn request(project: &str, start: Instant, members: Vec<Member>) -> Request {
         start,
         members,
         queue: None,
+        stream_input: None,
     }
 }
 
@@ -1082,4 +1083,84 @@ fn a_request_waiting_for_capacity_is_paced_not_dropped_by_the_retry_budget() {
             .count()
             >= 2
     );
+}
+
+fn latency_sample(factor: f64, i: u64) -> crate::latency::LatencySample {
+    let uncached = [1_000, 8_000, 30_000][(i % 3) as usize];
+    let ttft = 0.5 + 0.03 * uncached as f64 / 1000.0;
+    let jitter = 0.9 + 0.2 * ((i * 7919) % 100) as f64 / 100.0;
+    crate::latency::LatencySample {
+        total: Duration::from_secs_f64(factor * jitter * (ttft + 0.02 * 300.0)),
+        first_token: Some(Duration::from_secs_f64(factor * jitter * ttft)),
+        uncached_input: uncached,
+        cached_input: 0,
+        output: 300,
+    }
+}
+
+#[test]
+fn slow_successes_are_soft_errors_and_streams_get_an_adaptive_first_token_deadline() {
+    let mut f = fleet(2);
+    f.latency = vec![crate::latency::LatencyModel::new(); 2];
+    // Cold: no judgement, no adaptive deadline.
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let mut req = request("proj", T0, vec![member(0), member(1)]);
+    req.stream_input = Some(2_000);
+    let mut m = Dispatch::new(Policy::default(), req.clone());
+    match m.poll(&mut f, T0, &mut rng) {
+        Action::Send {
+            first_token_deadline,
+            ..
+        } => assert_eq!(first_token_deadline, None),
+        other => panic!("{other:?}"),
+    }
+    for i in 0..200 {
+        let at = T0 + Duration::from_secs(i);
+        for p in 0..2 {
+            let j = observe_latency(&mut f, p, &latency_sample(1.0, i), at).unwrap();
+            assert!(!j.slow, "sample {i} of provider {p}: {j:?}");
+        }
+    }
+    // Warm: a stream may wait 4 × the predicted first token (all input uncached), ≥ 2 s.
+    let later = T0 + Duration::from_secs(300);
+    let mut m = Dispatch::new(
+        Policy::default(),
+        Request {
+            start: later,
+            ..req
+        },
+    );
+    match m.poll(&mut f, later, &mut rng) {
+        Action::Send {
+            first_token_deadline: Some(d),
+            attempt_deadline,
+            ..
+        } => {
+            let wait = d.saturating_since(later).as_secs_f64();
+            // 4 × (0.5 s + 0.06 s) ≈ 2.24 s.
+            assert!((2.0..2.6).contains(&wait), "{wait}");
+            assert!(d <= attempt_deadline);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Provider 0 three times slower, provider 1 as usual: only provider 0's answers are slow,
+    // and each counts as a quarter of an error at the 0.5 % target.
+    f.take_tallies();
+    for i in 200..300 {
+        let at = T0 + Duration::from_secs(i);
+        assert!(
+            observe_latency(&mut f, 0, &latency_sample(3.0, i), at)
+                .unwrap()
+                .slow
+        );
+        assert!(
+            !observe_latency(&mut f, 1, &latency_sample(1.0, i), at)
+                .unwrap()
+                .slow
+        );
+    }
+    let t = f.take_tallies();
+    assert_eq!((t[0].slow, t[1].slow), (100, 0));
+    assert_eq!(window_counts(&t[0], true, 0.005).provider_errors, 25);
+    assert_eq!(window_counts(&t[1], true, 0.005).provider_errors, 0);
 }
