@@ -720,3 +720,74 @@ async fn cache_hold_waits_for_a_briefly_paused_cache_holder() {
     assert_eq!(provider, "p-b", "cacheHold 0s spills at once");
     assert!(secs < 0.5, "took {secs:.2} s without a hold");
 }
+
+/// Issue 18 item 2: a provider that answers five times slower than its own baseline, without a
+/// single error, has those answers counted slow on `/outcomes` (the operator's input) and loses
+/// availability through the same controller; the provider that kept its pace does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_slower_than_its_baseline_loses_availability_without_errors() {
+    let _serial = serial().await;
+    let setup = Setup::new()
+        .provider(Provider::openai("p1").mock(|m| m.latency_ms = 60))
+        .provider(Provider::openai("p2").mock(|m| m.latency_ms = 60))
+        .policy(Policy::chat(MODEL, &["p1", "p2"]).set("availability", "{interval: 2s}"));
+    let stack = Stack::start(setup).await;
+    let slow_of = |outcomes: &Value, p: &str| {
+        outcomes["providers"][format!("{}/{p}", common::NAMESPACE)]["slow"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    // Baseline: 40 answers at the usual pace on p1, the head of every chain while healthy.
+    for _ in 0..40 {
+        let r = stack.chat(MODEL, Some("proj")).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.provider().as_deref(), Some("p1"));
+    }
+    let outcomes: Value = stack
+        .get("/outcomes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(slow_of(&outcomes, "p1"), 0, "{outcomes}");
+    // p1 slows down fivefold and keeps answering 200.
+    stack
+        .mock("p1")
+        .set_faults(FaultSet::fail_all(Fault::Latency { ms: 240 }));
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        for _ in 0..5 {
+            let r = stack.chat(MODEL, Some("proj")).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+        let a = availability_of(&stack.status().await, "p1").unwrap_or(f64::NAN);
+        seen.push(a);
+        if a < 0.9 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "p1 availability did not fall below 0.9 within 30 s of 5x slower answers: {seen:?}"
+        );
+    }
+    let outcomes: Value = stack
+        .get("/outcomes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let p1 = &outcomes["providers"][format!("{}/p1", common::NAMESPACE)];
+    assert!(slow_of(&outcomes, "p1") >= 5, "{outcomes}");
+    assert_eq!(p1["errors"].as_object().map_or(0, |e| e.len()), 0, "{p1}");
+    assert_eq!(slow_of(&outcomes, "p2"), 0, "{outcomes}");
+    assert_eq!(
+        availability_of(&stack.status().await, "p2"),
+        Some(1.0),
+        "the provider that kept its pace keeps its availability"
+    );
+}
