@@ -39,6 +39,8 @@ pub struct App {
     /// Permits for estimates on the blocking pool (one per core), so a burst of huge
     /// requests queues instead of occupying hundreds of blocking threads.
     pub estimators: tokio::sync::Semaphore,
+    /// The live view's last hour of samples (empty while [`ServeOptions::ui`] is off).
+    pub history: crate::ui::History,
 }
 
 impl App {
@@ -98,6 +100,7 @@ impl App {
             ready: std::sync::atomic::AtomicBool::new(true),
             transitions: crate::conditions::Transitions::default(),
             config_messages: std::sync::Mutex::new(Vec::new()),
+            history: crate::ui::History::default(),
         })
     }
 }
@@ -127,6 +130,10 @@ pub struct ServeOptions {
     /// it answers (field case 2). Zero disables the gate. Default
     /// [`switchyard_core::pause::DEFAULT_PROBE_GATE`] (60 s).
     pub probe_gate: Duration,
+    /// Serve the read-only live view at `/ui`, `/ui/history` and `/ui/chain` and keep its
+    /// last hour of samples (`--ui`, default on; `--ui=false` answers 404 there and keeps no
+    /// history). It shows what `/status` shows, over time; see [`crate::ui`].
+    pub ui: bool,
 }
 
 /// Default [`ServeOptions::header_read_timeout`]: 10 s, ample for any client on a working
@@ -147,6 +154,7 @@ impl Default for ServeOptions {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             probe_gate: switchyard_core::pause::DEFAULT_PROBE_GATE,
+            ui: true,
         }
     }
 }

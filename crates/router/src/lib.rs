@@ -15,7 +15,7 @@
 //!    [`transcription`], [`idempotency`], [`broker`];
 //! 3. the process: [`app`];
 //! 4. the executor and the process's views and loops: [`dispatch`], [`signals`],
-//!    [`status`], [`outcomes`], [`probe`], [`control`];
+//!    [`status`], [`outcomes`], [`probe`], [`control`], [`ui`];
 //! 5. the client-facing server: [`server`];
 //! 6. the two ways to run it: [`standalone`], [`kube_source`].
 
@@ -39,6 +39,7 @@ pub mod standalone;
 pub mod state;
 pub mod status;
 pub mod transcription;
+pub mod ui;
 
 // Vendor adapters, wire formats, the upstream client and health probes live in
 // `switchyard-providers` (shared with the operator); re-exported under their old paths.

@@ -24,12 +24,19 @@ use crate::wire::{Dialect, anthropic, openai};
 /// Longest project key (affinity header value) accepted, bytes.
 pub const MAX_PROJECT_KEY_BYTES: usize = 256;
 
-/// The HTTP router: client API plus `/status`, `/metrics`, `/healthz`, `/readyz`.
+/// The HTTP router: client API plus `/status`, `/metrics`, `/healthz`, `/readyz`, and the
+/// live view under `/ui` when [`crate::app::ServeOptions::ui`] is on.
 ///
 /// Layers, outermost first: panic catcher (a bug answers 500, it does not drop the
 /// connection), credential headers marked sensitive before anything could log them.
 pub fn router(app: Arc<App>) -> Router {
+    let view = if app.serve.ui {
+        crate::ui::routes()
+    } else {
+        Router::new()
+    };
     Router::new()
+        .merge(view)
         .route("/v1/chat/completions", post(chat))
         .route("/v1/messages", post(messages))
         .route("/v1/embeddings", post(embeddings))
@@ -782,6 +789,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let pump = tokio::spawn(app.broker.clone().run_pump(app.clock));
     let signals = tokio::spawn(crate::signals::run(app.clone()));
+    let sampler = app
+        .serve
+        .ui
+        .then(|| tokio::spawn(crate::ui::run_sampler(app.clone())));
     // Load the tokenizer's vocabulary now rather than in the first request that needs it,
     // and only when the configuration counts tokens (a later configuration that does loads
     // it in `warm_if_needed`); ready after.
@@ -790,6 +801,9 @@ pub async fn serve(
     let served = accept_loop(listener, router(app), &options, shutdown).await;
     pump.abort();
     signals.abort();
+    if let Some(s) = sampler {
+        s.abort();
+    }
     served
 }
 

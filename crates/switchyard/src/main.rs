@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 mod crdgen;
+mod sim_serve;
 
 /// Switchyard: an LLM-provider load balancer for Kubernetes.
 #[derive(Debug, Parser)]
@@ -97,13 +98,22 @@ enum Command {
     Operator(switchyard_operator::cli::OperatorArgs),
     /// Run scenarios in virtual time with Switchyard's strategy and the baselines (ordered
     /// fallback, round robin, p2c); writes CSV time series, one SVG chart per run and a summary.
+    ///
+    /// With `--serve`: a web page at `http://ADDR/ui` to pick a scenario (the given files, else
+    /// the shipped ones), change capacities, outages and traffic, run and watch the result.
     Simulate {
         /// Scenario files (YAML), e.g. `config/scenarios/*.yaml`.
-        #[arg(required = true)]
+        #[arg(required_unless_present = "serve")]
         scenarios: Vec<PathBuf>,
         /// Output folder.
         #[arg(long, default_value = "out/sim")]
         out: PathBuf,
+        /// Serve the simulator's web page instead of writing files.
+        #[arg(long)]
+        serve: bool,
+        /// Address the page is served on with `--serve`; port 0 picks a free one.
+        #[arg(long, default_value = "127.0.0.1:8090", requires = "serve")]
+        listen: SocketAddr,
     },
     /// Write the CustomResourceDefinitions generated from the Rust types.
     Crdgen {
@@ -175,7 +185,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Crdgen { out_dir } => crdgen::write(&out_dir)
             .with_context(|| format!("failed to write CRDs to {}", out_dir.display())),
         Command::Validate { manifests } => validate(&manifests),
-        Command::Simulate { scenarios, out } => simulate(&scenarios, &out),
+        Command::Simulate {
+            scenarios,
+            out,
+            serve,
+            listen,
+        } => {
+            if serve {
+                let sources = if scenarios.is_empty() {
+                    sim_serve::SimServer::shipped()
+                } else {
+                    scenarios
+                        .iter()
+                        .map(|path| {
+                            let yaml = std::fs::read_to_string(path)
+                                .with_context(|| format!("failed to read {}", path.display()))?;
+                            let name = switchyard_sim::Scenario::from_yaml(&yaml)
+                                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+                                .name;
+                            Ok(sim_serve::Source { name, yaml })
+                        })
+                        .collect::<anyhow::Result<Vec<_>>>()?
+                };
+                runtime()?.block_on(sim_serve::serve(listen, sources, shutdown_signal()))
+            } else {
+                simulate(&scenarios, &out)
+            }
+        }
         Command::MockProvider(args) => runtime()?.block_on(switchyard_mock::run(args)),
         Command::Operator(args) => runtime()?
             .block_on(switchyard_operator::cli::main(args, shutdown_signal()))
@@ -310,6 +346,11 @@ struct ServeArgs {
     /// answers (field case 2); `0s` turns the gate off.
     #[arg(long, env = "SWITCHYARD_PROBE_GATE", default_value = "60s", value_parser = parse_duration)]
     probe_gate: std::time::Duration,
+    /// Serve the read-only live view at `/ui` (per-route availability, weights, traffic,
+    /// errors, pauses and open circuits over the last hour, and a project's chain);
+    /// `--ui=false` turns it off (404) and keeps no history.
+    #[arg(long, env = "SWITCHYARD_UI", default_value_t = true, action = clap::ArgAction::Set)]
+    ui: bool,
 }
 
 impl ServeArgs {
@@ -320,6 +361,7 @@ impl ServeArgs {
             body_read_timeout: self.body_read_timeout,
             max_connections: self.max_connections,
             probe_gate: self.probe_gate,
+            ui: self.ui,
         }
     }
 }
