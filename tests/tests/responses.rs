@@ -79,10 +79,12 @@ fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
 fn setup() -> Setup {
     Setup::new()
         .provider(Provider::openai("oa").models(&[("gpt-e2e", "text")]))
-        .provider(Provider::anthropic("an").models(&[("claude-e2e", "text")]))
+        .provider(
+            Provider::anthropic("an").models(&[("claude-e2e", "text"), ("failover-e2e", "text")]),
+        )
         .provider(
             Provider::openai("down")
-                .models(&[("gpt-e2e", "text")])
+                .models(&[("failover-e2e", "text")])
                 .mock(|m| {
                     m.faults = FaultSet::fail_all(Fault::RateLimited {
                         retry_after: Some(20),

@@ -555,11 +555,7 @@ fn message_content(i: usize, role: &str, content: Option<&Value>) -> Result<Valu
     }
     // Text-only content is sent as one string: every upstream dialect takes that.
     if all_text {
-        let text: String = out
-            .iter()
-            .filter_map(|p| p["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("");
+        let text: String = out.iter().filter_map(|p| p["text"].as_str()).collect();
         return Ok(Value::String(text));
     }
     Ok(Value::Array(out))
@@ -1151,15 +1147,16 @@ impl StreamTranslator {
 /// End of the first SSE event in `buf`: (length of the event, length of its separator).
 /// Searches from byte `from`.
 fn find_event_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
-    for i in from..buf.len() {
-        if buf[i..].starts_with(b"\n\n") {
-            return Some((i, 2));
+    (from..buf.len()).find_map(|i| {
+        let rest = buf.get(i..)?;
+        if rest.starts_with(b"\n\n") {
+            Some((i, 2))
+        } else if rest.starts_with(b"\r\n\r\n") {
+            Some((i, 4))
+        } else {
+            None
         }
-        if buf[i..].starts_with(b"\r\n\r\n") {
-            return Some((i, 4));
-        }
-    }
-    None
+    })
 }
 
 #[cfg(test)]
