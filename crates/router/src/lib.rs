@@ -10,7 +10,7 @@
 //! `tests/layering.rs`):
 //!
 //! 1. wire formats and request facts: `wire`, `upstream` (from `switchyard-providers`),
-//!    [`protocol_errors`], [`estimate`], [`metrics`];
+//!    [`protocol_errors`], [`estimate`], [`metrics`], [`responses`];
 //! 2. configuration and shared state: [`config`], [`state`], [`conditions`], [`request`],
 //!    [`transcription`], [`idempotency`], [`broker`];
 //! 3. the process: [`app`];
@@ -33,6 +33,7 @@ pub mod outcomes;
 pub mod probe;
 pub mod protocol_errors;
 pub mod request;
+pub mod responses;
 pub mod server;
 pub mod signals;
 pub mod standalone;

@@ -39,10 +39,13 @@ pub fn router(app: Arc<App>) -> Router {
         .merge(view)
         .route("/v1/chat/completions", post(chat))
         .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/rerank", post(rerank))
         .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
         .route("/status", get(status_handler))
         .route("/metrics", get(metrics_handler))
         .route(
@@ -199,6 +202,31 @@ async fn status_handler(State(app): State<Arc<App>>) -> Response {
     axum::Json(status::snapshot(&app)).into_response()
 }
 
+/// The caller's tenant (`None` when anonymous access is allowed and no key was sent), or the
+/// 401 every client endpoint answers for a missing or unknown key.
+fn authenticate(
+    app: &App,
+    table: &crate::config::RoutingTable,
+    headers: &HeaderMap,
+) -> Result<Option<Arc<crate::config::Tenant>>, ApiError> {
+    match api_key(headers) {
+        Some(key) => match table.tenant_for_key(key) {
+            Some(t) => Ok(Some(t.clone())),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_api_key",
+                "the API key is not valid",
+            )),
+        },
+        None if !app.serve.allow_anonymous => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing_api_key",
+            "an API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+        )),
+        None => Ok(None),
+    }
+}
+
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let live = app.runtime.live();
     let dialect = if headers.contains_key("anthropic-version") {
@@ -207,24 +235,8 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         Dialect::OpenAi
     };
     // The model list is part of the client API: same authentication as the other endpoints.
-    match api_key(&headers) {
-        Some(key) if live.table.tenant_for_key(key).is_none() => {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid_api_key",
-                "the API key is not valid",
-            )
-            .into_response(dialect);
-        }
-        None if !app.serve.allow_anonymous => {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing_api_key",
-                "an API key is required",
-            )
-            .into_response(dialect);
-        }
-        _ => {}
+    if let Err(e) = authenticate(&app, &live.table, &headers) {
+        return e.into_response(dialect);
     }
     let mut names: Vec<&String> = live.table.by_model.keys().collect();
     names.sort();
@@ -245,6 +257,272 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         .map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "switchyard"}))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the model object (OpenAI shape; Anthropic's with an
+/// `anthropic-version` header) for a model or alias a route serves, else 404 in the client's
+/// error shape (`model_not_found`).
+async fn model(
+    State(app): State<Arc<App>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let live = app.runtime.live();
+    let dialect = if headers.contains_key("anthropic-version") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
+    if let Err(e) = authenticate(&app, &live.table, &headers) {
+        return e.into_response(dialect);
+    }
+    if !live.table.by_model.contains_key(&id) {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!("the model {:?} does not exist", shown(&id)),
+        )
+        .into_response(dialect);
+    }
+    let body = match dialect {
+        Dialect::Anthropic => {
+            json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"})
+        }
+        Dialect::OpenAi => {
+            json!({"id": id, "object": "model", "created": 0, "owned_by": "switchyard"})
+        }
+    };
+    axum::Json(body).into_response()
+}
+
+/// Anthropic `POST /v1/messages/count_tokens`: `{"input_tokens": N}` for a Messages request
+/// body (no `max_tokens` needed), counted by the router's own estimator (o200k tokenizer,
+/// corrected by the route's learned ratio of provider-reported to estimated input tokens,
+/// `crate::estimate`) — the figure the router reserves quota with. Answered locally, not
+/// forwarded: the route may end on a provider without a count endpoint (OpenAI-compatible,
+/// Bedrock), and a count must not use a provider's capacity. The vocabulary is loaded on
+/// first use when the configuration counts no tokens otherwise (about a second, on the
+/// blocking pool). Errors: 401, 400 (body), 404 (unknown model), 413, all in Anthropic's shape.
+async fn count_tokens(State(app): State<Arc<App>>, request: Request) -> Response {
+    let dialect = Dialect::Anthropic;
+    let (parts, body) = request.into_parts();
+    let live = app.runtime.live();
+    let tenant = match authenticate(&app, &live.table, &parts.headers) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(dialect),
+    };
+    let bytes = match read_body(
+        &parts.headers,
+        Body::new(body),
+        app.max_body_bytes,
+        app.serve.body_read_timeout,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(e) => return e.into_response(dialect),
+    };
+    let invalid = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m);
+    let mut map: serde_json::Map<String, Value> = match serde_json::from_slice(&bytes) {
+        Ok(m) => m,
+        Err(e) => {
+            return invalid(format!("the request body is not valid: {e}")).into_response(dialect);
+        }
+    };
+    // A count request has no output cap; the Messages type requires one.
+    map.entry("max_tokens").or_insert(json!(1));
+    let r: anthropic::MessagesRequest = match serde_json::from_value(Value::Object(map)) {
+        Ok(r) => r,
+        Err(e) => {
+            return invalid(format!("the request body is not valid: {e}")).into_response(dialect);
+        }
+    };
+    let Some(&route_index) = live.table.by_model.get(&r.model) else {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!("the model {:?} does not exist", shown(&r.model)),
+        )
+        .into_response(dialect);
+    };
+    let route = &live.table.routes[route_index];
+    if let Some(t) = &tenant
+        && !t.may_use(&route.name)
+    {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "route_not_allowed",
+            format!("this API key may not use the model {:?}", shown(&r.model)),
+        )
+        .into_response(dialect);
+    }
+    let params = crate::estimate::EstimateParams {
+        default_output_tokens: 0,
+        pricing: crate::wire::usage::Pricing::default(),
+        ratio: app.calibrations.ratio(&route.key),
+    };
+    // Always off the runtime: the first count may load the vocabulary.
+    let internal = || {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error while counting tokens",
+        )
+        .into_response(dialect)
+    };
+    let Ok(_permit) = app.estimators.acquire().await else {
+        return internal();
+    };
+    let counted = tokio::task::spawn_blocking(move || {
+        crate::estimate::estimate_anthropic_messages(&r, &params).input_tokens
+    })
+    .await;
+    match counted {
+        Ok(n) => axum::Json(json!({"input_tokens": n})).into_response(),
+        Err(_) => internal(),
+    }
+}
+
+/// Largest chat answer read back for translation into a Response object, bytes.
+pub const MAX_TRANSLATED_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// OpenAI `POST /v1/responses` (`crate::responses`): the body is translated into a chat
+/// completions request, which is then handled exactly as one sent to `/v1/chat/completions`
+/// (authentication, routing, sticky chain, reservations, failover, idempotency, the
+/// provider's dialect); the answer comes back as a Response object or, streamed, as the
+/// Responses API's typed events. What cannot be honoured is refused with a 400
+/// `invalid_request_error` naming the parameter, before anything is sent.
+async fn responses(State(app): State<Arc<App>>, request: Request) -> Response {
+    let dialect = Dialect::OpenAi;
+    let rid = request_id(request.headers());
+    let with_id = |mut r: Response| {
+        if let Ok(v) = HeaderValue::from_str(&rid) {
+            r.headers_mut().insert("x-request-id", v);
+        }
+        r
+    };
+    let (mut parts, body) = request.into_parts();
+    {
+        let live = app.runtime.live();
+        if let Err(e) = authenticate(&app, &live.table, &parts.headers) {
+            return with_id(e.into_response(dialect));
+        }
+    }
+    let bytes = match read_body(
+        &parts.headers,
+        Body::new(body),
+        app.max_body_bytes,
+        app.serve.body_read_timeout,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(e) => return with_id(e.into_response(dialect)),
+    };
+    let map: serde_json::Map<String, Value> = match serde_json::from_slice(&bytes) {
+        Ok(m) => m,
+        Err(e) => {
+            let e = ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("the request body is not valid: {e}"),
+            );
+            return with_id(e.into_response(dialect));
+        }
+    };
+    let (chat, echo) = match crate::responses::to_chat(&map) {
+        Ok(t) => t,
+        Err(refusal) => {
+            let mut r = (StatusCode::BAD_REQUEST, axum::Json(refusal.body())).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return with_id(r);
+        }
+    };
+    drop(map);
+    let chat_bytes = serde_json::to_vec(&chat).unwrap_or_default();
+    drop(chat);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(chat_bytes.len()));
+    // The chat request keeps this request's id (a generated one included).
+    if let Ok(v) = HeaderValue::from_str(&rid) {
+        parts.headers.insert("x-request-id", v);
+    }
+    let chat_request = Request::from_parts(parts, Body::from(chat_bytes));
+    let response = handle(app, ClientOp::Chat, chat_request).await;
+    if !response.status().is_success() {
+        return response;
+    }
+    let response_id = crate::responses::new_id("resp_");
+    let is_stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if is_stream {
+        let translator = crate::responses::StreamTranslator::new(echo, response_id);
+        return Response::from_parts(parts, Body::from_stream(translate_stream(body, translator)));
+    }
+    let bad_gateway = |m: &str| {
+        with_id(
+            ApiError::new(StatusCode::BAD_GATEWAY, "upstream_invalid_response", m)
+                .into_response(dialect),
+        )
+    };
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_TRANSLATED_RESPONSE_BYTES).await else {
+        return bad_gateway("the provider's answer could not be read for translation");
+    };
+    let Ok(chat) = serde_json::from_slice::<Value>(&bytes) else {
+        return bad_gateway("the provider's answer is not valid JSON");
+    };
+    let object = crate::responses::from_chat(&chat, &echo, &response_id);
+    let body = serde_json::to_vec(&object).unwrap_or_default();
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// The chat SSE body translated event by event. After the terminal event the rest of the
+/// chat stream is still read to its end (so the dispatcher settles it as complete, not as a
+/// client that hung up); a broken chat stream ends with `response.failed`.
+fn translate_stream(
+    body: Body,
+    translator: crate::responses::StreamTranslator,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
+    use futures::StreamExt as _;
+    let upstream = body.into_data_stream();
+    futures::stream::unfold(Some((upstream, translator)), |state| async move {
+        let (mut upstream, mut tr) = state?;
+        loop {
+            match upstream.next().await {
+                Some(Ok(chunk)) => {
+                    if tr.is_finished() {
+                        continue;
+                    }
+                    let out = tr.push(&chunk);
+                    if !out.is_empty() {
+                        return Some((Ok(bytes::Bytes::from(out)), Some((upstream, tr))));
+                    }
+                }
+                Some(Err(_)) | None => {
+                    let out = tr.finish();
+                    if out.is_empty() {
+                        return None;
+                    }
+                    return Some((Ok(bytes::Bytes::from(out)), None));
+                }
+            }
+        }
+    })
 }
 
 async fn chat(State(app): State<Arc<App>>, request: Request) -> Response {
@@ -374,26 +652,7 @@ async fn prepare(
 ) -> Result<(usize, ClientRequest), ApiError> {
     let (parts, body) = request.into_parts();
     let live = app.runtime.live();
-    let tenant = match api_key(&parts.headers) {
-        Some(key) => match live.table.tenant_for_key(key) {
-            Some(t) => Some(t.clone()),
-            None => {
-                return Err(ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_api_key",
-                    "the API key is not valid",
-                ));
-            }
-        },
-        None if !app.serve.allow_anonymous => {
-            return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing_api_key",
-                "an API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
-            ));
-        }
-        None => None,
-    };
+    let tenant = authenticate(app, &live.table, &parts.headers)?;
     let bytes = read_body(
         &parts.headers,
         Body::new(body),
