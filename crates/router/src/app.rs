@@ -40,7 +40,7 @@ pub struct App {
     /// requests queues instead of occupying hundreds of blocking threads.
     pub estimators: tokio::sync::Semaphore,
     /// The live view's last hour of samples (empty while [`ServeOptions::ui`] is off).
-    pub history: crate::ui::History,
+    pub history: crate::history::History,
 }
 
 impl App {
@@ -100,7 +100,7 @@ impl App {
             ready: std::sync::atomic::AtomicBool::new(true),
             transitions: crate::conditions::Transitions::default(),
             config_messages: std::sync::Mutex::new(Vec::new()),
-            history: crate::ui::History::default(),
+            history: crate::history::History::default(),
         })
     }
 }

@@ -26,6 +26,7 @@ pub mod config;
 pub mod control;
 pub mod dispatch;
 pub mod estimate;
+pub mod history;
 pub mod idempotency;
 pub mod kube_source;
 pub mod metrics;

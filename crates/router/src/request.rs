@@ -16,6 +16,9 @@ use switchyard_core::quota::{Dimension, RateFigures, Refusal, Scope, Wait};
 use crate::config::Tenant;
 use crate::wire::{Dialect, anthropic, error_body, openai};
 
+/// Longest project key (affinity header value) accepted, bytes.
+pub const MAX_PROJECT_KEY_BYTES: usize = 256;
+
 /// What the client asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientOp {

@@ -21,8 +21,7 @@ use crate::request::{ApiError, ClientBody, ClientOp, ClientRequest, sensitive_he
 use crate::status;
 use crate::wire::{Dialect, anthropic, openai};
 
-/// Longest project key (affinity header value) accepted, bytes.
-pub const MAX_PROJECT_KEY_BYTES: usize = 256;
+pub use crate::request::MAX_PROJECT_KEY_BYTES;
 
 /// The HTTP router: client API plus `/status`, `/metrics`, `/healthz`, `/readyz`, and the
 /// live view under `/ui` when [`crate::app::ServeOptions::ui`] is on.

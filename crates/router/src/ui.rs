@@ -19,16 +19,16 @@
 //! so typing a key reveals nothing about it: any string gets a chain, computed as the
 //! router would ([`switchyard_core::chain::route_chain`]) or read from the project's pin. The
 //! lookup never creates a pin and is `O(routes × providers)`; the id is capped at
-//! [`crate::server::MAX_PROJECT_KEY_BYTES`]. It does show whether a project id currently has
+//! [`crate::request::MAX_PROJECT_KEY_BYTES`]. It does show whether a project id currently has
 //! a pin (an operator's view, like `/status`, served on the same port).
 //!
 //! The page is one HTML file with inline CSS and JS, embedded with `include_str!`; its charts
 //! are hand-written SVG (`ui/charts.js`, shared with the simulator's page
 //! [`SIMULATOR_PAGE`]). Nothing is fetched from elsewhere at run time.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Query, State};
@@ -61,99 +61,15 @@ pub const SIMULATOR_PAGE: &str = concat!(
     "</script>\n</body>\n</html>\n"
 );
 
-/// Most samples kept: one hour at the 1 s floor of [`MIN_PERIOD`].
-pub const HISTORY_CAPACITY: usize = 3600;
-/// Samples older than this are dropped.
-pub const HISTORY_WINDOW: Duration = Duration::from_secs(3600);
 /// Shortest sampling period (a route may run its control loop every 100 ms).
 pub const MIN_PERIOD: Duration = Duration::from_secs(1);
 /// Longest sampling period, so a slow control loop still draws a line.
 pub const MAX_PERIOD: Duration = Duration::from_secs(60);
 
-/// One provider of one route in one sample.
-#[derive(Debug, Clone, Serialize)]
-pub struct ProviderSample {
-    /// Provider object name.
-    pub name: String,
-    /// Availability at sampling time, 0..1.
-    pub availability: f64,
-    /// Route weight at sampling time, 0..1.
-    pub weight: f64,
-    /// Successful attempts since the previous sample.
-    pub served: u64,
-    /// `served` over the route's providers' `served` (0 when the route served nothing).
-    pub share: f64,
-    /// Failed attempts since the previous sample, by class, in the order of
-    /// [`HistoryDocument::error_classes`].
-    pub errors: [u64; 9],
-    /// Requests that skipped the provider while it was paused, since the previous sample.
-    pub skipped_paused: u64,
-    /// Requests that skipped the provider while its circuit was open, since the previous sample.
-    pub skipped_open: u64,
-    /// Whether a pause (Retry-After, exhaustion) held on one of its scopes at sampling time.
-    pub paused: bool,
-    /// Whether its circuit was open at sampling time.
-    pub open: bool,
-    /// Whether the route may use it at all.
-    pub eligible: bool,
-}
-
-/// One route in one sample.
-#[derive(Debug, Clone, Serialize)]
-pub struct RouteSample {
-    /// `namespace/name`.
-    pub route: String,
-    /// Public model name.
-    pub model: String,
-    /// Providers in the route's order.
-    pub providers: Vec<ProviderSample>,
-}
-
-/// One point of history.
-#[derive(Debug, Clone, Serialize)]
-pub struct Sample {
-    /// Sampling time, Unix milliseconds.
-    pub t: i64,
-    /// Every route.
-    pub routes: Vec<RouteSample>,
-}
-
-/// What `GET /ui/history` returns.
-#[derive(Debug, Clone, Serialize)]
-pub struct HistoryDocument {
-    /// Sampling period, seconds.
-    pub period_s: f64,
-    /// Most samples kept.
-    pub capacity: usize,
-    /// Oldest sample age kept, seconds.
-    pub window_s: u64,
-    /// Names of the error classes, in the order of [`ProviderSample::errors`].
-    pub error_classes: Vec<String>,
-    /// Samples, oldest first (only those after `since` when it was given).
-    pub points: Vec<Sample>,
-}
-
-/// Cumulative counters of one provider at the previous sample.
-#[derive(Debug, Clone, Copy, Default)]
-struct Cumulative {
-    successes: u64,
-    errors: [u64; 9],
-    skipped_paused: u64,
-    skipped_open: u64,
-}
-
-/// The ring of samples and the counters of the previous sample.
-#[derive(Debug, Default)]
-pub struct History {
-    inner: Mutex<HistoryInner>,
-}
-
-#[derive(Debug, Default)]
-struct HistoryInner {
-    points: VecDeque<Sample>,
-    last: HashMap<String, Cumulative>,
-    period: Duration,
-}
+use crate::history::Cumulative;
+pub use crate::history::{
+    HISTORY_CAPACITY, HISTORY_WINDOW, History, HistoryDocument, ProviderSample, RouteSample, Sample,
+};
 
 impl History {
     /// Takes one sample of `app` now and appends it, dropping the oldest past
@@ -398,13 +314,13 @@ async fn chain(State(app): State<Arc<App>>, Query(q): Query<ChainQuery>) -> Resp
 /// The chain `project` gets on every route (or the one named `route`), without pinning.
 ///
 /// Errors (a message for a 400): an empty id, one longer than
-/// [`crate::server::MAX_PROJECT_KEY_BYTES`], or a route that matches nothing.
+/// [`crate::request::MAX_PROJECT_KEY_BYTES`], or a route that matches nothing.
 pub fn lookup_chain(
     app: &App,
     project: &str,
     route: Option<&str>,
 ) -> Result<ChainDocument, String> {
-    let max = crate::server::MAX_PROJECT_KEY_BYTES;
+    let max = crate::request::MAX_PROJECT_KEY_BYTES;
     if project.is_empty() {
         return Err("project is empty: give the project id requests are pinned on".to_owned());
     }
@@ -498,7 +414,7 @@ mod tests {
             1 << 20,
         );
         assert!(lookup_chain(&app, "", None).is_err());
-        let long = "x".repeat(crate::server::MAX_PROJECT_KEY_BYTES + 1);
+        let long = "x".repeat(crate::request::MAX_PROJECT_KEY_BYTES + 1);
         assert!(lookup_chain(&app, &long, None).is_err());
         assert!(lookup_chain(&app, "p", Some("nope")).is_err());
         assert!(lookup_chain(&app, "p", None).unwrap().routes.is_empty());

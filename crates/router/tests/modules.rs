@@ -20,12 +20,13 @@ use syn::visit::Visit;
 const LAYERS: &[&[&str]] = &[
     &["protocol_errors", "estimate", "metrics"],
     &["config"],
-    &["state"],
+    &["state", "history"],
     &["conditions", "request", "idempotency"],
     &["transcription", "broker"],
     &["app"],
     &["signals", "status", "outcomes", "probe", "control"],
     &["dispatch"],
+    &["responses", "ui"],
     &["server"],
     &["standalone", "kube_source"],
 ];
