@@ -24,6 +24,7 @@ Ends with "N passed, N failed" and exits non-zero on any failure.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pathlib
 import shutil
@@ -385,6 +386,14 @@ def main() -> int:
             "watch": {"namespace": "llm"},
             "crds": {"install": False},
         },
+        "grafana-dashboard": {
+            "grafanaDashboard": {
+                "enabled": True,
+                "namespace": "monitoring",
+                "labels": {"team": "platform"},
+                "annotations": {"grafana_folder": "LLM"},
+            }
+        },
     }
     rendered: dict[str, list[dict[str, Any]]] = {}
     for name, values in sets.items():
@@ -465,7 +474,36 @@ def main() -> int:
         assert env["SWITCHYARD_REPLICAS"]["value"] == "12", env["SWITCHYARD_REPLICAS"]
         assert env["SWITCHYARD_REDIS_TIMEOUT"]["value"] == "100ms"
 
+    def dashboard_configmap():
+        assert not [c for c in objects(rendered["default"], "ConfigMap") if c["metadata"]["name"].endswith("-dashboard")], \
+            "default values render the dashboard"
+        (cm,) = [c for c in objects(rendered["grafana-dashboard"], "ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
+        meta = cm["metadata"]
+        assert meta["name"] == f"{RELEASE}-dashboard", meta
+        assert meta["namespace"] == "monitoring", meta
+        assert meta["labels"]["grafana_dashboard"] == "1", meta["labels"]
+        assert meta["labels"]["team"] == "platform", meta["labels"]
+        assert meta["annotations"] == {"grafana_folder": "LLM"}, meta
+        text = cm["data"]["switchyard.json"]
+        source = (CHART / "dashboards" / "switchyard.json").read_text()
+        docs_copy = (ROOT / "docs" / "grafana" / "switchyard-dashboard.json").read_text()
+        assert docs_copy == source, "docs/grafana/switchyard-dashboard.json differs from the chart's dashboards/switchyard.json"
+        assert json.loads(text) == json.loads(source), "the ConfigMap does not carry the dashboard file"
+        dash = json.loads(text)
+        assert dash["uid"] == "switchyard" and dash["panels"], dash.get("uid")
+        names = {v["name"] for v in dash["templating"]["list"]}
+        assert {"datasource", "route", "provider"} <= names, names
+
+    def dashboard_label_configurable():
+        docs = render(chart, {"grafanaDashboard": {"enabled": True, "label": "dashboards.example.com/load", "labelValue": "yes"}})
+        (cm,) = [c for c in objects(docs, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
+        assert cm["metadata"]["labels"]["dashboards.example.com/load"] == "yes", cm["metadata"]
+        assert "grafana_dashboard" not in cm["metadata"]["labels"]
+        assert cm["metadata"]["namespace"] == NAMESPACE
+
     for name, fn in [
+        ("grafana-dashboard: sidecar-labelled ConfigMap carrying dashboards/switchyard.json (= docs copy)", dashboard_configmap),
+        ("grafana-dashboard: label key, value and namespace configurable", dashboard_label_configurable),
         ("redis: URL from a Secret, local share 1/maxReplicas under the HPA", redis_shared),
         ("default: no HPA, PDB, NetworkPolicy or ServiceMonitor; 1 operator, 2 routers", default_is_minimal),
         ("ha: HPA from 3 routers, 2 operators, PDBs, NetworkPolicies, ServiceMonitors", ha_shape),
@@ -483,6 +521,7 @@ def main() -> int:
         ("runAsNonRoot: false", {"podSecurityContext": {"runAsNonRoot": False}}),
         ("a bad pull policy", {"image": {"pullPolicy": "Sometimes"}}),
         ("a Redis URL that is not redis://", {"router": {"redis": {"url": "http://redis:6379"}}}),
+        ("a typo under grafanaDashboard", {"grafanaDashboard": {"enable": True}}),
     ]:
         def rejects(bad=bad):
             try:

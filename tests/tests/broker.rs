@@ -1060,3 +1060,125 @@ async fn case_17_client_disconnect_cancels_upstream_and_charges_what_was_used() 
         0.0
     );
 }
+
+/// The tenant's entry in a `/status` document.
+fn tenant_status(status: &Value, name: &str) -> Value {
+    status["tenants"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["name"] == name))
+        .map(|t| t["status"].clone())
+        .unwrap_or_else(|| panic!("tenant {name} in /status: {status}"))
+}
+
+/// One limit's usage in a tenant status.
+fn limit_usage(tenant: &Value, limit: &str) -> Value {
+    tenant["usage"]
+        .as_array()
+        .and_then(|u| u.iter().find(|l| l["limit"] == limit))
+        .cloned()
+        .unwrap_or_else(|| panic!("limit {limit} in {tenant}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quota_tenant_status_shows_usage_throttled_and_rejected() {
+    // Issue 17 item 5. Concurrency 1 held by a slow request, a queue of depth 1 with a 300 ms
+    // deadline, and 3 requests per hour: one request waits and times out (throttled and
+    // rejected), one finds the queue full (rejected), the fourth admitted request exceeds the
+    // hourly window (rejected at once: waiting cannot help before the deadline).
+    let _g = serial().await;
+    let stack = Stack::start(
+        Setup::new()
+            .provider(Provider::openai("p-a").mock(|m| m.latency_ms = 1500))
+            .policy(Policy::chat("e2e-chat", &["p-a"]))
+            .tenant("limits: [{name: one, dimension: concurrency, amount: 1, rule: concurrency}, {name: hourly, dimension: requests, amount: 3, rule: fixedWindow, period: 1h}]")
+            .tenant("queue: {maxDepth: 1, deadline: 300ms}"),
+    )
+    .await;
+    let idle = tenant_status(&stack.status().await, "e2e-tenant");
+    assert_eq!(idle["throttled"], 0, "{idle}");
+    assert_eq!(idle["rejected"], 0, "{idle}");
+    let one = limit_usage(&idle, "one");
+    assert_eq!(
+        (&one["used"], &one["amount"], &one["remaining"]),
+        (&json!(0), &json!(1), &json!(1)),
+        "{idle}"
+    );
+    assert_eq!(one["dimension"], "concurrency");
+    assert!(one.get("window").is_none(), "{one}");
+    let hourly = limit_usage(&idle, "hourly");
+    assert_eq!(hourly["window"], "3600s", "{hourly}");
+    assert_eq!((&hourly["used"], &hourly["amount"]), (&json!(0), &json!(3)));
+
+    let holder = {
+        let req = stack
+            .post("/v1/chat/completions")
+            .json(&chat_body("e2e-chat", "slow", false));
+        tokio::spawn(async move { send(req).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = {
+        let req = stack
+            .post("/v1/chat/completions")
+            .json(&chat_body("e2e-chat", "queued", false));
+        tokio::spawn(async move { send(req).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // While the holder is in flight: its slot and its request are in use.
+    let busy = tenant_status(&stack.status().await, "e2e-tenant");
+    assert_eq!(limit_usage(&busy, "one")["used"], 1, "{busy}");
+    assert_eq!(limit_usage(&busy, "one")["remaining"], 0, "{busy}");
+    assert_eq!(limit_usage(&busy, "hourly")["used"], 1, "{busy}");
+    let full = stack.chat("e2e-chat", None).await;
+    assert_eq!(full.json()["error"]["code"], "queue_full", "{}", full.body);
+    let waited = waiting.await.unwrap();
+    assert_eq!(
+        waited.json()["error"]["code"],
+        "queue_deadline",
+        "{}",
+        waited.body
+    );
+    assert_eq!(holder.await.unwrap().status, 200);
+    for _ in 0..2 {
+        let ok = stack.chat("e2e-chat", None).await;
+        assert_eq!(ok.status, 200, "{}", ok.body);
+    }
+    let over = stack.chat("e2e-chat", None).await;
+    assert_eq!(over.status, 429);
+    assert_eq!(
+        over.json()["error"]["code"],
+        "tenant_requests_per_hour",
+        "{}",
+        over.body
+    );
+
+    let done = tenant_status(&stack.status().await, "e2e-tenant");
+    assert_eq!(
+        done["throttled"], 1,
+        "only the queued request waited: {done}"
+    );
+    assert_eq!(
+        done["rejected"], 3,
+        "queue_deadline, queue_full, hourly: {done}"
+    );
+    let hourly = limit_usage(&done, "hourly");
+    assert_eq!(
+        (&hourly["used"], &hourly["remaining"]),
+        (&json!(3), &json!(0)),
+        "{done}"
+    );
+    let reset = hourly["resetAfterSeconds"].as_u64().unwrap();
+    assert!((1..=3600).contains(&reset), "{hourly}");
+    assert_eq!(limit_usage(&done, "one")["used"], 0, "{done}");
+    assert!(done["lastUpdateTime"].is_string(), "{done}");
+
+    // The queue metrics carry the tenant.
+    let text = stack.metrics().await;
+    let tenant = format!("tenant=\"{}/e2e-tenant\"", common::NAMESPACE);
+    // Observed for the request that waited and for the one the full queue refused at once.
+    assert_eq!(
+        metric(&text, "switchyard_queue_wait_seconds_count", &[&tenant]),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "switchyard_queue_depth", &[&tenant]), 0.0);
+}

@@ -138,14 +138,29 @@ pub struct TenantQuotaStatus {
     pub observed_generation: Option<i64>,
 }
 
-/// Usage of one limit.
+/// Usage of one limit of this tenant (its own limits, not its ancestors'), as the quota store
+/// holds it when the figures were taken.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LimitUsage {
-    /// The limit's name, or its dimension when unnamed.
+    /// The limit's name, or `<index>-<dimension>` when unnamed (as in its bucket key).
     pub limit: String,
-    /// Units used in the current window (or in flight, for concurrency).
+    /// The limit's dimension, e.g. `requests`, `input_tokens`, `concurrency`, `spend_micro_usd`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dimension: String,
+    /// Units used in the current window (fixed window), drained from the bucket (token bucket:
+    /// `amount - remaining`), or in flight (concurrency). Reservations not yet settled count.
     pub used: u64,
     /// The limit's amount.
     pub amount: u64,
+    /// Units available now (0 while the bucket is in debt).
+    #[serde(default)]
+    pub remaining: u64,
+    /// Refill period or window length, such as `60s`; absent for concurrency limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    /// Seconds until the bucket is full again (token bucket) or the window resets (fixed
+    /// window), rounded up; 0 for concurrency.
+    #[serde(default)]
+    pub reset_after_seconds: u64,
 }

@@ -59,6 +59,19 @@ pub struct Broker {
     freed: Notify,
     /// Settles since the pump last looked: each may have freed room for one waiting entry.
     freed_count: std::sync::atomic::AtomicUsize,
+    /// Throttled and rejected requests per tenant key (`namespace/name`), since start.
+    tenant_counts: Mutex<HashMap<String, TenantCounts>>,
+}
+
+/// What the broker did to one tenant's requests since this process started (status
+/// `throttled` / `rejected`, issue 17 item 5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantCounts {
+    /// Requests that waited in the tenant's queue (served or not in the end).
+    pub throttled: u64,
+    /// Requests refused because of the tenant: a tenant or API-key bucket (its own or an
+    /// ancestor's) had no room, or its queue was full or its deadline passed.
+    pub rejected: u64,
 }
 
 #[derive(Debug)]
@@ -91,7 +104,32 @@ impl Broker {
             }),
             freed: Notify::new(),
             freed_count: std::sync::atomic::AtomicUsize::new(0),
+            tenant_counts: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Counts one request of `tenant` (its key) that waited in a queue and/or was rejected
+    /// because of the tenant. Keys come from the configuration, so the map stays bounded by
+    /// the number of TenantQuotas (a removed tenant's entry stays until restart).
+    pub fn note_tenant(&self, tenant: &str, throttled: bool, rejected: bool) {
+        if !throttled && !rejected {
+            return;
+        }
+        let mut counts = lock(&self.tenant_counts);
+        let c = match counts.get_mut(tenant) {
+            Some(c) => c,
+            None => counts.entry(tenant.to_owned()).or_default(),
+        };
+        c.throttled += u64::from(throttled);
+        c.rejected += u64::from(rejected);
+    }
+
+    /// The counts of `tenant` (zero when nothing happened to it).
+    pub fn tenant_counts(&self, tenant: &str) -> TenantCounts {
+        lock(&self.tenant_counts)
+            .get(tenant)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// The store.
@@ -762,6 +800,27 @@ mod tests {
             assert_eq!(*row, expected, "{name}");
             assert_eq!(used, &vec![4, 2459, 23, 1094], "{name}: bucket usage");
         }
+    }
+
+    #[test]
+    fn tenant_counts_add_up_per_tenant_and_ignore_plain_admissions() {
+        let broker = Broker::new(QuotaStore::in_process());
+        broker.note_tenant("ns/a", true, false);
+        broker.note_tenant("ns/a", true, true);
+        broker.note_tenant("ns/a", false, true);
+        broker.note_tenant("ns/b", false, false);
+        assert_eq!(
+            broker.tenant_counts("ns/a"),
+            TenantCounts {
+                throttled: 2,
+                rejected: 2
+            }
+        );
+        assert_eq!(broker.tenant_counts("ns/b"), TenantCounts::default());
+        assert!(
+            !lock(&broker.tenant_counts).contains_key("ns/b"),
+            "an admitted request adds no entry"
+        );
     }
 }
 

@@ -360,7 +360,7 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
     let dialect = req.op.dialect();
     let request_id = req.request_id.clone();
     let start = app.clock.now();
-    let (result, queued) = execute(&app, &live, route_index, &route, &req, start)
+    let (result, queued, waited) = execute(&app, &live, route_index, &route, &req, start)
         .instrument(span.clone())
         .await;
     let decision = match &result {
@@ -368,6 +368,22 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
         _ if queued => Some("admitted_after_queue".to_owned()),
         _ => None,
     };
+    if let Some(t) = &req.tenant {
+        let rejected = match &result {
+            Err((e, _, _)) => {
+                e.code.starts_with("queue_")
+                    || e.quota.as_ref().is_some_and(|r| {
+                        matches!(
+                            r.scope,
+                            switchyard_core::quota::Scope::Tenant(_)
+                                | switchyard_core::quota::Scope::ApiKey(_)
+                        )
+                    })
+            }
+            Ok(_) => false,
+        };
+        app.broker.note_tenant(&t.key, waited, rejected);
+    }
     if let Some(outcome) = decision {
         app.metrics
             .quota_decisions
@@ -431,18 +447,22 @@ async fn wait_in_queue(
     refill_after: Option<Duration>,
 ) -> Result<(), QueueReason> {
     // The gauge comes down however the wait ends, the client hanging up included.
-    struct Depth<'a>(&'a App, tokio::time::Instant);
+    struct Depth<'a>(&'a App, crate::metrics::TenantLabel, tokio::time::Instant);
     impl Drop for Depth<'_> {
         fn drop(&mut self) {
-            self.0.metrics.queue_depth.dec();
+            self.0.metrics.queue_depth.get_or_create(&self.1).dec();
             self.0
                 .metrics
                 .queue_wait
-                .observe(self.1.elapsed().as_secs_f64());
+                .get_or_create(&self.1)
+                .observe(self.2.elapsed().as_secs_f64());
         }
     }
-    app.metrics.queue_depth.inc();
-    let _depth = Depth(app, tokio::time::Instant::now());
+    let label = crate::metrics::TenantLabel {
+        tenant: tenant.key.clone(),
+    };
+    app.metrics.queue_depth.get_or_create(&label).inc();
+    let _depth = Depth(app, label, tokio::time::Instant::now());
     app.broker
         .wait_turn(&app.clock, tenant, cost, deadline, refill_after)
         .await
@@ -650,8 +670,11 @@ async fn execute(
     route: &Arc<Route>,
     req: &ClientRequest,
     start: switchyard_core::time::Instant,
-) -> (RunResult, bool) {
+) -> (RunResult, bool, bool) {
     let clock = app.clock;
+    // Whether the request really waited in its tenant's queue (a `queue_full` answer at the
+    // door is a rejection, not a wait): the tenant's `throttled` count.
+    let mut waited = false;
     let queue = req
         .tenant
         .as_ref()
@@ -785,7 +808,9 @@ async fn execute(
                 let turn = match req.tenant.as_deref() {
                     Some(tenant) => {
                         let cost = req.estimated_input_tokens + req.output_allowance;
-                        wait_in_queue(app, tenant, cost, deadline, refill_after).await
+                        let turn = wait_in_queue(app, tenant, cost, deadline, refill_after).await;
+                        waited |= !matches!(turn, Err(QueueReason::QueueFull));
+                        turn
                     }
                     None => Err(QueueReason::UnknownClass),
                 };
@@ -811,18 +836,26 @@ async fn execute(
                         "internal",
                         "served without a response",
                     );
-                    return (Err((e, None, machine.attempts())), machine.queued());
+                    return (Err((e, None, machine.attempts())), machine.queued(), waited);
                 };
                 if let Some(f) = &caller_figures {
                     ratelimit_headers(response.headers_mut(), f);
                 }
                 let key = provider_key(Some(member)).unwrap_or_default();
-                return (Ok((response, key, machine.attempts())), machine.queued());
+                return (
+                    Ok((response, key, machine.attempts())),
+                    machine.queued(),
+                    waited,
+                );
             }
             Action::Respond(verdict) => {
                 let error = verdict_error(verdict, route, req.tenant.as_deref());
                 let last = provider_key(machine.last_member());
-                return (Err((error, last, machine.attempts())), machine.queued());
+                return (
+                    Err((error, last, machine.attempts())),
+                    machine.queued(),
+                    waited,
+                );
             }
         }
     }

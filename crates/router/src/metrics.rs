@@ -82,6 +82,14 @@ pub struct TenantCharge {
     pub source: String,
 }
 
+/// Label `tenant`: the `namespace/name` of a configured TenantQuota (bounded by the
+/// configuration; never a key or a client-chosen value).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    /// Tenant (`namespace/name` of the TenantQuota).
+    pub tenant: String,
+}
+
 /// Labels `outcome` (`admitted`, `queued`, or a rejection reason code).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QuotaOutcome {
@@ -149,10 +157,10 @@ pub struct Metrics {
     /// of an hour or more and spend limits, counted when the configured Redis persists
     /// nothing (0 when it persists, or when there is no Redis).
     pub unpersisted_limits: Gauge,
-    /// Requests waiting in the broker's queues.
-    pub queue_depth: Gauge,
-    /// Time spent waiting in a queue before admission or refusal, seconds.
-    pub queue_wait: Histogram,
+    /// Requests waiting in the broker's queues, per tenant.
+    pub queue_depth: Family<TenantLabel, Gauge>,
+    /// Time spent waiting in a queue before admission or refusal, seconds, per tenant.
+    pub queue_wait: HistogramFamily<TenantLabel>,
     /// Relative error of the input-token estimate, |actual − estimate| / actual, per settle.
     pub estimation_error: Histogram,
     /// Kubernetes mode: 1 while the watch of a kind is answering, 0 while it fails.
@@ -192,8 +200,8 @@ impl Metrics {
             store_mode: Family::default(),
             replay_pending: Gauge::default(),
             unpersisted_limits: Gauge::default(),
-            queue_depth: Gauge::default(),
-            queue_wait: latency_histogram(),
+            queue_depth: Family::default(),
+            queue_wait: Family::new_with_constructor(latency_histogram),
             estimation_error: Histogram::new([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]),
             registry: Registry::default(),
         };

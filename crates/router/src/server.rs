@@ -198,7 +198,8 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn status_handler(State(app): State<Arc<App>>) -> Response {
-    axum::Json(status::snapshot(&app)).into_response()
+    let usage = status::tenant_usage(&app).await;
+    axum::Json(status::snapshot_with_usage(&app, &usage)).into_response()
 }
 
 /// The caller's tenant (`None` when anonymous access is allowed and no key was sent), or the

@@ -5,10 +5,14 @@
 use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
 use switchyard_api::common::{condition, reason};
 use switchyard_api::policy::{ProviderWeight, RoutingPolicyStatus};
 use switchyard_api::provider::{LLMProviderStatus, WindowStatus};
-use switchyard_api::tenant::TenantQuotaStatus;
+
+use switchyard_api::tenant::{LimitUsage, TenantQuotaStatus};
+use switchyard_core::quota::{BucketSpec, RateFigures, Rule, Scope};
 
 use crate::app::App;
 use crate::conditions::time;
@@ -116,8 +120,68 @@ fn probes_condition(app: &App, p: &crate::config::ProviderConfig, now: DateTime<
     )
 }
 
-/// Computes the status of every resource now.
+/// One limit's usage from its bucket and the store's figures for it: `used` is
+/// `limit - remaining` (what is drained, held or spent in the window), the window the rule's
+/// period in seconds (none for concurrency), the reset rounded up to whole seconds.
+pub fn limit_usage(tenant_key: &str, bucket: &BucketSpec, figures: RateFigures) -> LimitUsage {
+    let prefix = format!("tenant/{tenant_key}/");
+    let limit = bucket
+        .key
+        .strip_prefix(&prefix)
+        .unwrap_or(&bucket.key)
+        .to_owned();
+    let window = match &bucket.rule {
+        Rule::TokenBucket { period, .. } | Rule::FixedWindow { period, .. } => {
+            Some(format!("{}s", period.as_secs()))
+        }
+        Rule::Concurrency { .. } => None,
+    };
+    let reset = figures.reset_after;
+    LimitUsage {
+        limit,
+        dimension: bucket.dimension.label().to_owned(),
+        used: figures.limit.saturating_sub(figures.remaining),
+        amount: figures.limit,
+        remaining: figures.remaining,
+        window,
+        reset_after_seconds: reset.as_secs() + u64::from(reset.subsec_nanos() > 0),
+    }
+}
+
+/// The tenant's own buckets (not its ancestors', which have their own TenantQuota status).
+pub fn own_buckets(tenant: &crate::config::Tenant) -> impl Iterator<Item = &Arc<BucketSpec>> {
+    tenant
+        .buckets
+        .iter()
+        .filter(|b| matches!(&b.scope, Scope::Tenant(k) if *k == tenant.key))
+}
+
+/// Usage of every tenant's own limits, by tenant key, read from the quota store (in-process,
+/// or Redis with every replica's reservations; the local share while Redis fails).
+pub async fn tenant_usage(app: &App) -> HashMap<String, Vec<LimitUsage>> {
+    let live = app.runtime.live();
+    let mut out = HashMap::new();
+    for tenant in &live.table.tenants {
+        let mut usage = Vec::new();
+        for b in own_buckets(tenant) {
+            if let Some(f) = app.broker.store().figures(b).await {
+                usage.push(limit_usage(&tenant.key, b, f));
+            }
+        }
+        out.insert(tenant.key.clone(), usage);
+    }
+    out
+}
+
+/// Computes the status of every resource now, without tenant usage (see
+/// [`snapshot_with_usage`]).
 pub fn snapshot(app: &App) -> StatusDocument {
+    snapshot_with_usage(app, &HashMap::new())
+}
+
+/// Computes the status of every resource now; tenants get `usage` (from [`tenant_usage`]),
+/// and their `throttled` / `rejected` counts since this process started.
+pub fn snapshot_with_usage(app: &App, usage: &HashMap<String, Vec<LimitUsage>>) -> StatusDocument {
     let live = app.runtime.live();
     let now = app.clock.wall();
     let t = &app.transitions;
@@ -338,10 +402,16 @@ pub fn snapshot(app: &App) -> StatusDocument {
             Named {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
-                status: TenantQuotaStatus {
-                    conditions: vec![ready],
-                    observed_generation: tenant.generation,
-                    ..TenantQuotaStatus::default()
+                status: {
+                    let counts = app.broker.tenant_counts(&tenant.key);
+                    TenantQuotaStatus {
+                        usage: usage.get(&tenant.key).cloned().unwrap_or_default(),
+                        throttled: counts.throttled,
+                        rejected: counts.rejected,
+                        last_update_time: Some(time(now)),
+                        conditions: vec![ready],
+                        observed_generation: tenant.generation,
+                    }
                 },
             }
         })
@@ -462,4 +532,83 @@ pub fn render_table(doc: &StatusDocument) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use switchyard_core::quota::{BucketSpec, Dimension, RateFigures, Rule, Scope};
+
+    use super::limit_usage;
+
+    fn bucket(key: &str, dimension: Dimension, rule: Rule) -> BucketSpec {
+        BucketSpec {
+            key: key.to_owned(),
+            scope: Scope::Tenant("ns/t".to_owned()),
+            dimension,
+            rule,
+            count_cached_input: true,
+        }
+    }
+
+    #[test]
+    fn fixed_window_usage_is_limit_minus_remaining_with_the_window_and_reset() {
+        let b = bucket(
+            "tenant/ns/t/daily",
+            Dimension::InputTokens,
+            Rule::FixedWindow {
+                capacity: 1000,
+                period: Duration::from_secs(86_400),
+                reset_at: None,
+                tz: chrono_tz::UTC,
+            },
+        );
+        let u = limit_usage(
+            "ns/t",
+            &b,
+            RateFigures {
+                limit: 1000,
+                remaining: 250,
+                reset_after: Duration::from_millis(4_200),
+            },
+        );
+        assert_eq!(u.limit, "daily");
+        assert_eq!(u.dimension, "input_tokens");
+        assert_eq!((u.used, u.amount, u.remaining), (750, 1000, 250));
+        assert_eq!(u.window.as_deref(), Some("86400s"));
+        assert_eq!(u.reset_after_seconds, 5, "rounded up");
+    }
+
+    #[test]
+    fn concurrency_usage_has_no_window_and_a_bucket_in_debt_shows_all_used() {
+        let c = bucket(
+            "tenant/ns/t/0-concurrency",
+            Dimension::Concurrency,
+            Rule::Concurrency { limit: 4 },
+        );
+        let u = limit_usage(
+            "ns/t",
+            &c,
+            RateFigures {
+                limit: 4,
+                remaining: 1,
+                reset_after: Duration::ZERO,
+            },
+        );
+        assert_eq!(u.limit, "0-concurrency");
+        assert_eq!((u.used, u.remaining, u.window), (3, 1, None));
+        assert_eq!(u.reset_after_seconds, 0);
+        // In debt the store reports 0 remaining: everything is used, never more than the amount.
+        let u = limit_usage(
+            "ns/t",
+            &c,
+            RateFigures {
+                limit: 4,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+            },
+        );
+        assert_eq!((u.used, u.amount), (4, 4));
+    }
 }
