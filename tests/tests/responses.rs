@@ -12,69 +12,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use common::{KEY, Policy, Provider, Setup, Stack, in_ci, send, serial, workspace_root};
+use common::{KEY, Policy, Provider, Setup, Stack, check, python, run_script, send, serial};
 use serde_json::{Value, json};
 use switchyard_mock::{Fault, FaultSet};
-
-fn python() -> Option<PathBuf> {
-    let p = std::env::var_os("SWITCHYARD_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
-    if p.is_file() {
-        return Some(p);
-    }
-    let msg = format!(
-        "python venv with the SDKs not found at {}: run scripts/setup-venv.sh (or set SWITCHYARD_PYTHON)",
-        p.display()
-    );
-    assert!(!in_ci(), "{msg}");
-    eprintln!("SKIPPED: {msg}");
-    None
-}
-
-async fn run_script(python: &PathBuf, args: &[&str]) -> Value {
-    let path = workspace_root().join("tests/python/openai_responses.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(python)
-            .arg(&path)
-            .args(args)
-            .env("NO_PROXY", "127.0.0.1,localhost")
-            .env_remove("HTTP_PROXY")
-            .env_remove("HTTPS_PROXY")
-            .env_remove("http_proxy")
-            .env_remove("https_proxy")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("client script timed out")
-    .expect("client script did not start");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "script exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line)
-        .unwrap_or_else(|e| panic!("script printed no JSON line ({e}):\n{stdout}\n{stderr}"))
-}
-
-fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
-    let c = &report["checks"][name];
-    assert!(
-        c["ok"] == true,
-        "SDK check `{name}` failed: {}\n{}",
-        c["error"],
-        c["trace"].as_str().unwrap_or_default()
-    );
-    c
-}
 
 fn setup() -> Setup {
     Setup::new()
@@ -211,6 +151,7 @@ async fn openai_sdk_responses_to_openai_and_anthropic_providers() {
     let base = stack.router.base_url.clone();
     let r = run_script(
         &py,
+        "openai_responses.py",
         &[
             "--base-url",
             &base,
@@ -221,6 +162,7 @@ async fn openai_sdk_responses_to_openai_and_anthropic_providers() {
             "--model",
             "claude-e2e",
         ],
+        &[],
     )
     .await;
     assert_model_report(&r, "gpt-e2e", "oa");

@@ -15,73 +15,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{KEY, Policy, Provider, Setup, Stack, in_ci, serial, workspace_root};
+use common::{KEY, Policy, Provider, Setup, Stack, check, in_ci, python, run_script, serial};
 use serde_json::Value;
 use switchyard_mock::{MockConfig, MockProvider};
 
 /// The venv's python, or `None` (skip) outside CI when it is missing.
-fn python() -> Option<PathBuf> {
-    let p = std::env::var_os("SWITCHYARD_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
-    if p.is_file() {
-        return Some(p);
-    }
-    let msg = format!(
-        "python venv with the SDKs not found at {}: run scripts/setup-venv.sh (or set SWITCHYARD_PYTHON)",
-        p.display()
-    );
-    assert!(!in_ci(), "{msg}");
-    eprintln!("SKIPPED: {msg}");
-    None
-}
-
-/// Runs a client script and returns its JSON line.
-async fn run_script(python: &PathBuf, script: &str, args: &[&str]) -> Value {
-    let path = workspace_root().join("tests/python").join(script);
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(python)
-            .arg(&path)
-            .args(args)
-            .env("NO_PROXY", "127.0.0.1,localhost")
-            .env_remove("HTTP_PROXY")
-            .env_remove("HTTPS_PROXY")
-            .env_remove("http_proxy")
-            .env_remove("https_proxy")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("client script timed out")
-    .expect("client script did not start");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{script} exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line)
-        .unwrap_or_else(|e| panic!("{script} printed no JSON line ({e}):\n{stdout}\n{stderr}"))
-}
-
-/// The facts of one check, asserting that the check itself ran without an exception.
-fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
-    let c = &report["checks"][name];
-    assert!(
-        c["ok"] == true,
-        "SDK check `{name}` failed: {}\n{}",
-        c["error"],
-        c["trace"].as_str().unwrap_or_default()
-    );
-    c
-}
-
 fn assert_openai_report(r: &Value, expect_provider: Option<&str>, cross: bool, embeddings: bool) {
     let chat = check(r, "chat");
     assert!(
@@ -267,6 +207,7 @@ async fn sdk_scripts_against_mock_directly_all_checks_pass() {
             "--embed-model",
             "e",
         ],
+        &[],
     )
     .await;
     // The mock is a provider, not a router: no decision headers, and any model is served, so
@@ -286,6 +227,7 @@ async fn sdk_scripts_against_mock_directly_all_checks_pass() {
         &py,
         "anthropic_client.py",
         &["--base-url", &base, "--api-key", KEY, "--model", "m"],
+        &[],
     )
     .await;
     assert_anthropic_report(&an, None, false);
@@ -346,6 +288,7 @@ async fn openai_sdk_chat_stream_tools_embeddings_parse_through_router() {
             "--embed-model",
             "embed-e2e",
         ],
+        &[],
     )
     .await;
     assert_openai_report(&r, Some("oa"), true, true);
@@ -386,6 +329,7 @@ async fn anthropic_sdk_messages_and_streams_parse_through_router() {
             "--cross-model",
             "gpt-e2e",
         ],
+        &[],
     )
     .await;
     assert_anthropic_report(&r, Some("an"), true);
@@ -555,6 +499,7 @@ async fn openai_sdk_through_router_to_gemini_on_vertex_and_converse_on_bedrock()
             "--cross-model",
             "claude-br",
         ],
+        &[],
     )
     .await;
     assert_openai_report(&r, Some("vg"), true, false);
@@ -578,6 +523,7 @@ async fn openai_sdk_through_router_to_gemini_on_vertex_and_converse_on_bedrock()
             "--cross-model",
             "claude-vx",
         ],
+        &[],
     )
     .await;
     assert_openai_report(&r, Some("bc"), true, false);
@@ -608,6 +554,7 @@ async fn anthropic_sdk_through_router_to_claude_on_vertex_and_bedrock() {
                 "--cross-model",
                 cross,
             ],
+            &[],
         )
         .await;
         assert_anthropic_report(&r, Some(provider), true);
@@ -657,6 +604,7 @@ async fn openai_sdk_audio_transcriptions_through_router() {
             &py,
             "openai_audio.py",
             &["--base-url", &base, "--api-key", KEY, "--model", model],
+            &[],
         )
         .await;
         let j = check(&r, "transcribe_json");

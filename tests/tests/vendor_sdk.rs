@@ -15,10 +15,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use common::{in_ci, serial, workspace_root};
+use common::{check, python, run_script, serial, workspace_root};
 use serde_json::{Value, json};
 use switchyard_mock::{
     AwsAuthConfig, FaultSet, GoogleAuthConfig, MockConfig, MockProvider, TEST_AWS_ACCESS_KEY_ID,
@@ -26,74 +23,6 @@ use switchyard_mock::{
 };
 
 /// The venv's python, or `None` (skip) outside CI when it is missing.
-fn python() -> Option<PathBuf> {
-    let p = std::env::var_os("SWITCHYARD_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
-    if p.is_file() {
-        return Some(p);
-    }
-    let msg = format!(
-        "python venv with the vendor SDKs not found at {}: run scripts/setup-venv.sh (or set SWITCHYARD_PYTHON)",
-        p.display()
-    );
-    assert!(!in_ci(), "{msg}");
-    eprintln!("SKIPPED: {msg}");
-    None
-}
-
-/// Runs a client script and returns its JSON line.
-async fn run_script(python: &PathBuf, script: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
-    let path = workspace_root().join("tests/python").join(script);
-    let mut cmd = tokio::process::Command::new(python);
-    cmd.arg(&path)
-        .args(args)
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        // No ambient cloud credentials or config may leak into the clients.
-        .env_remove("AWS_PROFILE")
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
-        .env("AWS_CONFIG_FILE", "/dev/null")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .kill_on_drop(true);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
-        .await
-        .expect("client script timed out")
-        .expect("client script did not start");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{script} exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line)
-        .unwrap_or_else(|e| panic!("{script} printed no JSON line ({e}):\n{stdout}\n{stderr}"))
-}
-
-/// The facts of one check, asserting that the check itself ran without an exception.
-fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
-    let c = &report["checks"][name];
-    assert!(
-        c["ok"] == true,
-        "SDK check `{name}` failed: {}\n{}",
-        c["error"],
-        c["trace"].as_str().unwrap_or_default()
-    );
-    c
-}
-
 fn u(v: &Value) -> u64 {
     v.as_u64()
         .unwrap_or_else(|| panic!("not an unsigned integer: {v}"))

@@ -1383,3 +1383,83 @@ pub(crate) fn workspace_root() -> PathBuf {
         .expect("tests/ has a parent")
         .to_path_buf()
 }
+
+// ---------------------------------------------------------------------------------------------
+// The official SDKs as clients: the venv and the client scripts in tests/python.
+// ---------------------------------------------------------------------------------------------
+
+/// The venv's python (`<repo>/.venv`, or `SWITCHYARD_PYTHON`); `None` (a skip with a note)
+/// when missing outside CI, a failure under CI.
+pub(crate) fn python() -> Option<PathBuf> {
+    let p = std::env::var_os("SWITCHYARD_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
+    if p.is_file() {
+        return Some(p);
+    }
+    let msg = format!(
+        "python venv with the SDKs not found at {}: run scripts/setup-venv.sh (or set SWITCHYARD_PYTHON)",
+        p.display()
+    );
+    assert!(!in_ci(), "{msg}");
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+/// Runs `tests/python/<script>` with `args` and extra `env` (no proxies, no ambient cloud
+/// credentials) and returns the JSON line it prints last.
+pub(crate) async fn run_script(
+    python: &std::path::Path,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Value {
+    let path = workspace_root().join("tests/python").join(script);
+    let mut cmd = tokio::process::Command::new(python);
+    cmd.arg(&path)
+        .args(args)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        // No ambient cloud credentials or config may leak into the clients.
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .expect("client script timed out")
+        .expect("client script did not start");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("{script} printed no JSON line ({e}):\n{stdout}\n{stderr}"))
+}
+
+/// The facts of one check, asserting that the check itself ran without an exception.
+pub(crate) fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
+    let c = &report["checks"][name];
+    assert!(
+        c["ok"] == true,
+        "SDK check `{name}` failed: {}\n{}",
+        c["error"],
+        c["trace"].as_str().unwrap_or_default()
+    );
+    c
+}
