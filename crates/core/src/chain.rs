@@ -58,6 +58,8 @@ use crate::weights::Tiers;
 const KEY_SEED: u64 = 0x5357_4954_4348_5944; // "SWITCHYD"
 /// Seed for the provider-set fingerprint kept with each pin.
 const SET_SEED: u64 = 0x5345_5453_4545_4430; // "SETSEED0"
+/// Seed of the per-project return stagger ([`return_stagger`]), independent of the rendezvous.
+const RETURN_SEED: u64 = 0x5245_5455_524e_5330; // "RETURNS0"
 
 /// Chains with at most this many weighted providers are ordered without heap allocation.
 const INLINE_PROVIDERS: usize = 16;
@@ -200,6 +202,81 @@ pub fn route_chain(
     }
 }
 
+/// Why a project is moved off the head of its pinned chain ([`ChainPins::move_to_front_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveCause {
+    /// The head failed the request (5xx, timeout, transport, an open circuit): the project
+    /// stays where it was served, whose cache is now the warm one (field case 22).
+    Failure,
+    /// The head was full (429, quota, a pause or a reservation refusal): besides the move,
+    /// the head is not quiet, which holds back displaced projects returning to it.
+    Capacity,
+}
+
+/// Records that provider `index` could not hold a project at `now` ([`ChainPins`]'s `unready`).
+fn mark_unready(unready: &mut Vec<Instant>, index: usize, now: Instant) {
+    if unready.len() <= index {
+        unready.resize(index + 1, Instant::ZERO);
+    }
+    unready[index] = unready[index].max(now);
+}
+
+/// The head of project `key`'s chain at full availability: every provider healthy, so the
+/// weights are [`crate::weights::route_weights`] of all-ones availabilities (the first provider
+/// of a plain priority list; the static-weight race inside the first tier of a tiered route).
+/// `None` for an empty route. `O(providers)`; called when a pin is created, not per hit.
+pub fn home_head(key: &str, providers: &[&str], tiers: Option<&Tiers>) -> Option<usize> {
+    home(key, providers, tiers).map(|(head, _)| head)
+}
+
+/// [`home_head`] and the home's cascade weight at full availability.
+fn home(key: &str, providers: &[&str], tiers: Option<&Tiers>) -> Option<(usize, f64)> {
+    let full: SmallVec<[f64; INLINE_PROVIDERS]> = SmallVec::from_elem(1.0, providers.len());
+    let weights = crate::weights::route_weights(&full, tiers);
+    let head = route_chain(key, providers, &weights, tiers)
+        .first()
+        .copied()?;
+    Some((head, weights.get(head).copied().unwrap_or(0.0)))
+}
+
+/// A displaced pin returns home only while the home's current cascade weight is at least this
+/// fraction of its weight at full availability: the home has recovered, not merely improved.
+pub const RETURN_WEIGHT_FRACTION: f64 = 0.9;
+
+/// A displaced project returns at all only if, while it was away, its home's cascade weight was
+/// seen below this fraction of its full weight while another provider of the route had more:
+/// the home failed (an outage, a 429 storm that the availability controller
+/// counted), as opposed to a home at its capacity, whose weight stays high (0.7-1.0 for a
+/// primary held at 60 % of demand, `config/scenarios/primary-60pct`) while it sheds the projects
+/// that do not fit. Those stay on their fallback, whose cache is the warm one: sending them back
+/// would only be shed again, each bounce a cache miss (measured: affinity 96.5 % instead of
+/// 98 % in primary-60pct when every displaced project returned).
+pub const HOME_FAILED_FRACTION: f64 = 0.5;
+
+/// Whether the current `weights` say the home (index `home`, full weight `home_weight`) failed
+/// on its own ([`HOME_FAILED_FRACTION`]). A fleet-wide collapse, where every availability is
+/// low and the cascade falls back to equal weights, singles out no provider and is not a
+/// failure of the home. `O(providers)`; evaluated only for displaced pins.
+fn home_failed(weights: &[f64], home: usize, home_weight: f64) -> bool {
+    let w = weights.get(home).copied().unwrap_or(0.0);
+    w < HOME_FAILED_FRACTION * home_weight && weights.iter().any(|&o| o > w)
+}
+
+/// The shortest quiet time, as a fraction of the pin duration, before a displaced project
+/// returns home. Each project waits `pin × (q + (1 − q) × u)` of quiet at its home, `u` uniform
+/// in (0,1) from its key, so the displaced projects return spread over the last three quarters
+/// of one pin duration. A provider that keeps shedding (a primary held below its share by a
+/// rate limit sheds a project every few seconds) never stays quiet that long and keeps no
+/// project bouncing between it and the fallback, each bounce a cache miss.
+pub const RETURN_QUIET_MIN: f64 = 0.25;
+
+/// The quiet time at its home after which the displaced project `key` returns
+/// ([`RETURN_QUIET_MIN`]).
+fn return_stagger(key: &str, pin: Duration) -> Duration {
+    let u = unit_open(xxh3_64_with_seed(key.as_bytes(), RETURN_SEED));
+    pin.mul_f64(RETURN_QUIET_MIN + (1.0 - RETURN_QUIET_MIN) * u)
+}
+
 /// The first provider of `chain` for which `eligible` holds (circuit closed, not paused, healthy
 /// for the modality, allowed region…), or `None` when none is. The chain is not re-sampled: an
 /// ineligible provider is skipped and keeps its place for later requests.
@@ -230,7 +307,25 @@ fn provider_set_fingerprint(providers: &[&str]) -> u64 {
 struct Pin {
     chain: Vec<usize>,
     provider_set: u64,
+    /// Idle expiry: slides with every hit unless the cache was built with fixed pins.
     expires: Instant,
+    /// The project's home: the head of its chain at full availability (every provider healthy,
+    /// the route's static tiers and weights), where it belongs once every provider is back.
+    home: usize,
+    /// The home's cascade weight at full availability (1.0 for the head of a priority list).
+    home_weight: f64,
+    /// The pinned head is not `home`: the project was moved by a failover or sampled while
+    /// the weights were degraded.
+    displaced: bool,
+    /// While displaced, the home was seen failing (its weight below [`HOME_FAILED_FRACTION`]
+    /// of full): the project left because the home broke, not because it was full, and is
+    /// re-sampled once the home is ready again.
+    home_failed: bool,
+    /// The pin was created by a return home ([`ChainPins::route_chain`]). If the home sheds it
+    /// again for capacity, the home could not take the returns yet (a returning project
+    /// re-sends its whole context, and a burst of them can exceed the home's input-token
+    /// rate): the project stays eligible to return.
+    returned: bool,
 }
 
 /// Default affinity duration: the sticky-chain article pins chains "for a few minutes"; 5 min is
@@ -246,6 +341,28 @@ pub const DEFAULT_PIN: Duration = Duration::from_secs(300);
 /// fixed pins that expire `pin` after they were set, after which the chain is re-sampled from the
 /// current weights (the article's behaviour: active projects re-balance every `pin`).
 ///
+/// **Displaced pins return** (issue 18 item 3). A sliding pin that never expires while it is
+/// used would keep a project on its fallback forever after an outage, although the weights say
+/// the recovered provider should serve it again. So each pin remembers the project's *home*, the
+/// head its chain has at full availability ([`crate::weights::route_weights`] of all-ones
+/// availabilities, the route's tiers applied). A pin whose head is not the home (moved by
+/// [`ChainPins::move_to_front`], or sampled from degraded weights) is *displaced*. Only a
+/// project displaced from a home that *failed* returns: while it was away, the home's weight
+/// was seen below [`HOME_FAILED_FRACTION`] of full while a peer had more. A project shed by a
+/// home that was merely full (its weight stays high while it rate-limits) stays on the
+/// fallback, whose cache is the warm one. The cache keeps, per provider, the last instant it saw
+/// the provider not ready: its weight below [`RETURN_WEIGHT_FRACTION`] of full, or a
+/// [`MoveCause::Capacity`] move off it. A returning project is re-sampled from the current
+/// weights (which puts it back home) at its first hit once the home has been ready for the
+/// project's stagger, `pin × (0.25 + 0.75 u)` with `u` uniform from its key
+/// ([`RETURN_QUIET_MIN`]). So after a recovery the displaced projects come back spread over one
+/// pin duration, not as one mass move of cold-cache prefills onto the home; a capacity shed at
+/// the home holds the remaining returns back; a random 5xx does not. Pins at their home keep
+/// sliding, so healthy projects never lose their cache to this rule. Measured in
+/// `config/scenarios/primary-outage.yaml` (docs/simulation.md): the primary's share is back to
+/// 90 % of its pre-outage share within pin + 2 intervals of its weight's return on 7 of 9
+/// seeds; primary-60pct is unchanged on 8 of 9 seeds.
+///
 /// A pin is used only while the provider set (names and order) is the one it was computed over;
 /// a config change recomputes it. Per router replica: replicas agree on fresh chains (rendezvous)
 /// but a [`ChainPins::move_to_front`] is local to the replica that saw the failure; to make a
@@ -260,6 +377,11 @@ pub struct ChainPins {
     cache: LruCache<String, Pin>,
     pin: Duration,
     refresh_on_hit: bool,
+    /// Per provider index: the last instant a project could not be at that provider, its home
+    /// (a move away from it, or a displaced pin hit while its weight was below
+    /// [`RETURN_WEIGHT_FRACTION`] of full). Indices of the route's current provider set; a
+    /// config change at worst delays a return by one pin duration.
+    unready: Vec<Instant>,
 }
 
 impl ChainPins {
@@ -269,6 +391,7 @@ impl ChainPins {
             cache: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
             pin,
             refresh_on_hit: true,
+            unready: Vec::new(),
         }
     }
 
@@ -307,6 +430,7 @@ impl ChainPins {
         key: &str,
         member: usize,
         tiers: Option<&Tiers>,
+        cause: MoveCause,
         now: Instant,
     ) -> bool {
         if tiers.is_some_and(|t| t.is_standby(member))
@@ -314,7 +438,7 @@ impl ChainPins {
         {
             return false;
         }
-        self.move_to_front(key, member, now)
+        self.move_to_front_for(key, member, cause, now)
     }
 
     /// [`ChainPins::chain`] for a route that may have [`Tiers`]: a fresh chain is
@@ -338,20 +462,48 @@ impl ChainPins {
                     xxh3_64_with_seed(&v.to_le_bytes(), h)
                 })
         });
+        let mut returning = false;
         if let Some(pin) = self.cache.get_mut(key)
             && pin.provider_set == provider_set
             && now < pin.expires
         {
-            if self.refresh_on_hit {
-                pin.expires = now + self.pin;
+            let due_home = pin.displaced && {
+                let w = weights.get(pin.home).copied().unwrap_or(0.0);
+                pin.home_failed |= home_failed(weights, pin.home, pin.home_weight);
+                let ready = w >= RETURN_WEIGHT_FRACTION * pin.home_weight;
+                if !ready {
+                    mark_unready(&mut self.unready, pin.home, now);
+                }
+                let quiet = self
+                    .unready
+                    .get(pin.home)
+                    .map_or(Duration::MAX, |&t| now.saturating_since(t));
+                pin.home_failed && ready && quiet >= return_stagger(key, self.pin)
+            };
+            if !due_home {
+                if self.refresh_on_hit {
+                    pin.expires = now + self.pin;
+                }
+                return pin.chain.clone();
             }
-            return pin.chain.clone();
+            returning = true;
         }
         let chain = route_chain(key, providers, weights, tiers);
+        let head = chain.first().copied().unwrap_or(0);
+        let (home, home_weight) = home(key, providers, tiers).unwrap_or((head, 1.0));
+        let home_now = weights.get(home).copied().unwrap_or(0.0);
+        if head != home && home_now < RETURN_WEIGHT_FRACTION * home_weight {
+            mark_unready(&mut self.unready, home, now);
+        }
         let pin = Pin {
             chain: chain.clone(),
             provider_set,
             expires: now + self.pin,
+            home,
+            home_weight,
+            displaced: head != home,
+            home_failed: head != home && home_failed(weights, home, home_weight),
+            returned: returning && head == home,
         };
         match self.cache.get_mut(key) {
             Some(slot) => *slot = pin,
@@ -370,6 +522,20 @@ impl ChainPins {
     /// chain; call [`ChainPins::chain`] for the turn first. An expired pin is revived: the caller
     /// has just served the project from it.
     pub fn move_to_front(&mut self, key: &str, provider_index: usize, now: Instant) -> bool {
+        self.move_to_front_for(key, provider_index, MoveCause::Failure, now)
+    }
+
+    /// [`ChainPins::move_to_front`] with the reason the head did not serve. A
+    /// [`MoveCause::Capacity`] move off the project's home marks the home not quiet
+    /// (displaced projects wait for quiet before they return), and a project that had just
+    /// returned home and is shed again for capacity stays eligible to return.
+    pub fn move_to_front_for(
+        &mut self,
+        key: &str,
+        provider_index: usize,
+        cause: MoveCause,
+        now: Instant,
+    ) -> bool {
         let pin_for = self.pin;
         let Some(pin) = self.cache.get_mut(key) else {
             return false;
@@ -377,13 +543,21 @@ impl ChainPins {
         let Some(pos) = pin.chain.iter().position(|&i| i == provider_index) else {
             return false;
         };
+        let shed = pos > 0 && cause == MoveCause::Capacity && pin.chain[0] == pin.home;
+        if shed {
+            mark_unready(&mut self.unready, pin.home, now);
+        }
+        let shed_returnee = shed && pin.returned;
         pin.chain[..=pos].rotate_right(1);
         pin.expires = now + pin_for;
+        pin.displaced = provider_index != pin.home;
+        pin.home_failed = pin.displaced && (pin.home_failed || shed_returnee);
         true
     }
 
     /// Installs `chain` as project `key`'s pin over `providers` until `now + pin`, replacing any
-    /// pin it had. For replicas that share affinity moves (e.g. a failover learned from another
+    /// pin it had; the installed head counts as the project's home (the pin slides and never
+    /// returns elsewhere by itself). For replicas that share affinity moves (e.g. a failover learned from another
     /// replica through a shared store): [`ChainPins::move_to_front`] alone is local to the
     /// replica that saw the failure. Returns `false` (and changes nothing) unless `chain` is a
     /// permutation of `0..providers.len()`.
@@ -398,9 +572,14 @@ impl ChainPins {
             return false;
         }
         let pin = Pin {
+            home: chain.first().copied().unwrap_or(0),
+            home_weight: 0.0,
             chain,
             provider_set: provider_set_fingerprint(providers),
             expires: now + self.pin,
+            displaced: false,
+            home_failed: false,
+            returned: false,
         };
         self.cache.put(key.to_owned(), pin);
         true
@@ -614,6 +793,192 @@ mod tests {
         );
         assert!(!pins.move_to_front("k", 9, Instant::from_millis(7)));
         assert!(!pins.move_to_front("other", 0, Instant::from_millis(7)));
+    }
+
+    /// Hits every 10 s from `from` until `until` (exclusive, seconds); the chains returned.
+    fn hit_every_10s(
+        pins: &mut ChainPins,
+        weights: &[f64],
+        from: u64,
+        until: u64,
+    ) -> Vec<Vec<usize>> {
+        (from..until)
+            .step_by(10)
+            .map(|t| pins.chain("k", &["a", "b"], weights, Instant::from_millis(t * 1000)))
+            .collect()
+    }
+
+    /// Hits project "k" every 100 ms from `from` (seconds) on with `weights` until its head is
+    /// `head`; the instant of that hit, in ms (panics after an hour).
+    fn hits_until_head(pins: &mut ChainPins, weights: &[f64], from: u64, head: usize) -> u64 {
+        (from * 1000..from * 1000 + 3_600_000)
+            .step_by(100)
+            .find(|&ms| pins.chain("k", &["a", "b"], weights, Instant::from_millis(ms))[0] == head)
+            .expect("the project never reached the head")
+    }
+
+    /// `return_stagger("k", 60 s)` in ms, the quiet time "k" waits for at its home.
+    fn stagger_k_ms() -> u64 {
+        return_stagger("k", Duration::from_secs(60)).as_millis() as u64
+    }
+
+    #[test]
+    fn return_stagger_spreads_over_the_last_three_quarters_of_the_pin() {
+        let pin = Duration::from_secs(60);
+        let mut s: Vec<f64> = (0..4000)
+            .map(|k| return_stagger(&format!("k{k}"), pin).as_secs_f64())
+            .collect();
+        s.sort_by(f64::total_cmp);
+        assert!(s[0] >= 15.0 && s[3999] <= 60.0, "{} .. {}", s[0], s[3999]);
+        // Uniform over [15, 60]: quartiles at about 26.25, 37.5 and 48.75 s.
+        for (q, want) in [(1000, 26.25), (2000, 37.5), (3000, 48.75)] {
+            assert!(
+                (s[q] - want).abs() < 1.5,
+                "quantile {q}: {} vs {want}",
+                s[q]
+            );
+        }
+    }
+
+    #[test]
+    fn chain_pins_moved_pin_returns_home_after_its_stagger_of_quiet() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        assert_eq!(
+            pins.chain("k", &["a", "b"], &[1.0, 0.0], Instant::ZERO),
+            vec![0, 1]
+        );
+        // A failover at 5 s moves the project to b; a fails (weight 0) until 30 s, last seen
+        // so at 20 s, then is back at full weight and quiet: the project returns at 20 s + its
+        // stagger.
+        assert!(pins.move_to_front("k", 1, Instant::from_millis(5_000)));
+        let during = hit_every_10s(&mut pins, &[0.0, 1.0], 10, 30);
+        assert!(during.iter().all(|c| c == &[1, 0]), "{during:?}");
+        let back = hits_until_head(&mut pins, &[1.0, 0.0], 30, 0);
+        assert_eq!(back, (20_000 + stagger_k_ms()).div_ceil(100) * 100);
+        // Home again: the pin slides as before, whatever the weights do.
+        let after = hit_every_10s(&mut pins, &[0.0, 1.0], back / 1000 + 1, 400);
+        assert!(after.iter().all(|c| c == &[0, 1]), "{after:?}");
+    }
+
+    #[test]
+    fn chain_pins_project_shed_by_a_full_home_stays_on_its_fallback() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        pins.chain("k", &["a", "b"], &[1.0, 0.0], Instant::ZERO);
+        // Moved off a while a keeps a high weight (a rate limit is not a failure; 0.85 is the
+        // lowest a primary at 60 % of demand gets): b holds the warm cache, the pin slides.
+        assert!(pins.move_to_front("k", 1, Instant::from_millis(5_000)));
+        let chains = hit_every_10s(&mut pins, &[0.85, 0.15], 10, 300);
+        assert!(chains.iter().all(|c| c == &[1, 0]), "{chains:?}");
+        let chains = hit_every_10s(&mut pins, &[1.0, 0.0], 300, 900);
+        assert!(chains.iter().all(|c| c == &[1, 0]), "{chains:?}");
+    }
+
+    #[test]
+    fn chain_pins_displaced_pin_stays_while_the_home_is_still_down() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        pins.chain("k", &["a", "b"], &[1.0, 0.0], Instant::ZERO);
+        assert!(pins.move_to_front("k", 1, Instant::from_millis(5_000)));
+        // a is still at weight 0 long after the pin duration: the project stays on b.
+        let chains = hit_every_10s(&mut pins, &[0.0, 1.0], 10, 200);
+        assert!(chains.iter().all(|c| c == &[1, 0]), "{chains:?}");
+        // Partly back (held at 60 %): not recovered, nothing moves; last seen unready at 390 s.
+        let chains = hit_every_10s(&mut pins, &[0.6, 0.4], 200, 400);
+        assert!(chains.iter().all(|c| c == &[1, 0]), "{chains:?}");
+        let back = hits_until_head(&mut pins, &[0.95, 0.05], 400, 0);
+        assert_eq!(back, (390_000 + stagger_k_ms()).div_ceil(100) * 100);
+    }
+
+    #[test]
+    fn chain_pins_a_home_that_keeps_shedding_keeps_no_project_back() {
+        let mut pins = ChainPins::new(100, Duration::from_secs(60));
+        let names = ["a", "b"];
+        pins.chain("k", &names, &[1.0, 0.0], Instant::ZERO);
+        assert!(pins.move_to_front("k", 1, Instant::from_millis(1_000)));
+        // a failed briefly, then is back at full weight, but another project is moved off it
+        // every 10 s: it never has 15 s of quiet, and "k" stays on b for ten minutes.
+        assert_eq!(
+            pins.chain("k", &names, &[0.0, 1.0], Instant::from_millis(2_000))[0],
+            1
+        );
+        for t in (10..600).step_by(10) {
+            let other = format!("other{t}");
+            let at = Instant::from_millis(t * 1000);
+            pins.chain(&other, &names, &[1.0, 0.0], at);
+            assert!(pins.move_to_front_for(&other, 1, MoveCause::Capacity, at));
+            let at = Instant::from_millis(t * 1000 + 5_000);
+            assert_eq!(
+                pins.chain("k", &names, &[1.0, 0.0], at),
+                vec![1, 0],
+                "at {t} s"
+            );
+        }
+        // The shedding stops at 590 s: the project returns after its stagger of quiet.
+        let back = hits_until_head(&mut pins, &[1.0, 0.0], 600, 0);
+        assert_eq!(back, (590_000 + stagger_k_ms()).div_ceil(100) * 100);
+    }
+
+    #[test]
+    fn chain_pins_pin_sampled_from_degraded_weights_returns_when_they_recover() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        // A new project while a is down: its chain heads b, which is not its home.
+        let during = hit_every_10s(&mut pins, &[0.0, 1.0], 0, 30);
+        assert!(during.iter().all(|c| c == &[1, 0]), "{during:?}");
+        // Last seen unready at 20 s; a is back from 30 s.
+        let back = hits_until_head(&mut pins, &[1.0, 0.0], 30, 0);
+        assert_eq!(back, (20_000 + stagger_k_ms()).div_ceil(100) * 100);
+    }
+
+    #[test]
+    fn chain_pins_move_back_home_clears_the_return() {
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        pins.chain("k", &["a", "b"], &[1.0, 0.0], Instant::ZERO);
+        assert!(pins.move_to_front("k", 1, Instant::from_millis(1_000)));
+        assert!(pins.move_to_front("k", 0, Instant::from_millis(2_000)));
+        // At home: sliding, so degraded weights do not move it even long after the moves.
+        let chains = hit_every_10s(&mut pins, &[0.0, 1.0], 10, 300);
+        assert!(chains.iter().all(|c| c == &[0, 1]), "{chains:?}");
+    }
+
+    #[test]
+    fn home_head_is_the_full_availability_head() {
+        assert_eq!(home_head("k", &["a", "b", "c"], None), Some(0));
+        assert_eq!(home_head("k", &[], None), None);
+        // One tier of two equal providers: the home is the rendezvous race, about half each.
+        let t = tiers(&[Some(1), Some(1)], &[Some(1), Some(1)]);
+        let homes: Vec<usize> = (0..1000)
+            .map(|k| home_head(&format!("k{k}"), &["p0", "p1"], Some(&t)).unwrap())
+            .collect();
+        let on_p1 = homes.iter().filter(|&&h| h == 1).count();
+        assert!((400..600).contains(&on_p1), "{on_p1} of 1000 at home on p1");
+        // A project whose home is p1, moved to p0, goes back to p1 after its stagger: p1's
+        // weight 0.5 is its full weight in a tier of two.
+        let k = (0..1000)
+            .map(|k| format!("k{k}"))
+            .find(|k| home_head(k, &["p0", "p1"], Some(&t)) == Some(1))
+            .unwrap();
+        // Rounded up: the quiet time must reach the stagger, which has sub-millisecond digits.
+        let stagger = return_stagger(&k, Duration::from_secs(60))
+            .as_micros()
+            .div_ceil(1000) as u64;
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        let (w, names) = ([0.5, 0.5], ["p0", "p1"]);
+        let at = Instant::from_millis;
+        assert_eq!(pins.route_chain(&k, &names, &w, Some(&t), at(0))[0], 1);
+        assert!(pins.route_move_to_front(&k, 0, Some(&t), MoveCause::Failure, at(1_000)));
+        // p1 fails (all weight on p0) at 2 s, then is back at its full 0.5.
+        let failing = [1.0, 0.0];
+        assert_eq!(
+            pins.route_chain(&k, &names, &failing, Some(&t), at(2_000))[0],
+            0
+        );
+        assert_eq!(
+            pins.route_chain(&k, &names, &w, Some(&t), at(2_000 + stagger - 1))[0],
+            0
+        );
+        assert_eq!(
+            pins.route_chain(&k, &names, &w, Some(&t), at(2_000 + stagger))[0],
+            1
+        );
     }
 
     #[test]

@@ -54,6 +54,7 @@ use rand::Rng;
 
 use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::budget::{FallbackThrottle, RetryBudget};
+use crate::chain::MoveCause;
 use crate::classify::{Classification, ErrorClass};
 use crate::latency::{Judgement, LatencyModel, LatencySample};
 use crate::p2c::P2c;
@@ -261,7 +262,13 @@ pub trait Fleet {
     /// Moves `member` to the front of the project's pinned chain; `true` if it was not already
     /// at the front (an affinity break). A weight-0 member of a tiered route is never moved
     /// ([`crate::weights::Tiers::is_standby`]).
-    fn move_to_front(&mut self, project: &str, member: usize, now: Instant) -> bool;
+    fn move_to_front(
+        &mut self,
+        project: &str,
+        member: usize,
+        cause: MoveCause,
+        now: Instant,
+    ) -> bool;
     /// Runs `f` on the pause table with the provider's pause scopes (own scope first, then its
     /// quota groups).
     fn pauses<R>(&mut self, provider: usize, f: impl FnOnce(&mut Pauses, &[&str]) -> R) -> R;
@@ -545,6 +552,9 @@ enum Phase {
 struct Walk {
     order: Vec<usize>,
     first_choice: Option<usize>,
+    /// Some member above the serving one failed the request (an error other than a capacity
+    /// refusal, or an open circuit), as opposed to only being full: the affinity move's cause.
+    failure_seen: bool,
     n: usize,
     same_used: u32,
     admission: Option<Admission>,
@@ -854,6 +864,7 @@ impl Dispatch {
             return None;
         }
         if let BreakerState::Open { until } = fleet.breaker(provider, |b| b.state(now)) {
+            self.walk.failure_seen = true;
             fleet.count(provider, Count::SkippedOpen);
             self.wake_at(until);
             self.skip();
@@ -1001,9 +1012,14 @@ impl Dispatch {
                 self.probe_over(fleet);
                 let pos = self.walk.order[self.walk.n];
                 let fallback = Some(pos) != self.walk.first_choice;
+                let cause = if self.walk.failure_seen {
+                    MoveCause::Failure
+                } else {
+                    MoveCause::Capacity
+                };
                 let affinity_break = fallback
                     && self.policy.order == Order::StickyChain
-                    && fleet.move_to_front(&self.req.project, pos, now);
+                    && fleet.move_to_front(&self.req.project, pos, cause, now);
                 self.phase = Phase::Done;
                 Some(self.wait_for(Action::Served {
                     member: pos,
@@ -1079,6 +1095,7 @@ impl Dispatch {
             return Some(self.walk_over(now));
         }
         self.walk.consecutive_failures += 1;
+        self.walk.failure_seen |= c.class != ErrorClass::Capacity;
         // A full provider (a rate limit, not a failure) sheds this request; once its pause
         // is over it may take the request after all, within `pauseWait` and the deadline,
         // without using up an attempt: spill on, queue, never drop what could fit.

@@ -509,10 +509,12 @@ impl Fleet for RouterFleet<'_> {
         &mut self,
         project: &str,
         member: usize,
+        cause: switchyard_core::chain::MoveCause,
         now: switchyard_core::time::Instant,
     ) -> bool {
         let tiers = self.live.table.routes[self.route].tiers.as_ref();
-        lock(&self.live.routes[self.route].pins).route_move_to_front(project, member, tiers, now)
+        lock(&self.live.routes[self.route].pins)
+            .route_move_to_front(project, member, tiers, cause, now)
     }
 
     fn pauses<R>(&mut self, provider: usize, f: impl FnOnce(&mut Pauses, &[&str]) -> R) -> R {

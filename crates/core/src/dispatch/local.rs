@@ -8,7 +8,7 @@ use super::{Count, Fleet};
 use crate::availability::WindowCounts;
 use crate::breaker::{BreakerConfig, CircuitBreaker};
 use crate::budget::{FallbackThrottle, RetryBudget};
-use crate::chain::ChainPins;
+use crate::chain::{ChainPins, MoveCause};
 use crate::latency::{LatencyModel, peer_log_ratio, slow_as_errors};
 use crate::p2c::{P2c, P2cConfig};
 use crate::pause::Pauses;
@@ -148,9 +148,15 @@ impl Fleet for LocalFleet {
         self.pins.peek(project, now).is_some()
     }
 
-    fn move_to_front(&mut self, project: &str, member: usize, now: Instant) -> bool {
+    fn move_to_front(
+        &mut self,
+        project: &str,
+        member: usize,
+        cause: MoveCause,
+        now: Instant,
+    ) -> bool {
         self.pins
-            .route_move_to_front(project, member, self.tiers.as_ref(), now)
+            .route_move_to_front(project, member, self.tiers.as_ref(), cause, now)
     }
 
     fn pauses<R>(&mut self, provider: usize, f: impl FnOnce(&mut Pauses, &[&str]) -> R) -> R {
