@@ -791,3 +791,93 @@ async fn a_provider_slower_than_its_baseline_loses_availability_without_errors()
         "the provider that kept its pace keeps its availability"
     );
 }
+
+/// Issue 18 item 3 with a real router: a 30-second 429 storm on the primary moves every
+/// project to the fallback; once it ends, existing and new projects return to the weights
+/// (p1 again) within the pin duration plus two intervals (6 s + 2 × 1 s), plus 2 s of slack
+/// for the last Retry-After pause and the controller's window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_of_429s_ends_and_pinned_projects_return_within_pin_plus_two_intervals() {
+    let _g = serial().await;
+    let stack = Stack::start(
+        Setup::new()
+            .provider(Provider::openai("p1").with(NO_BREAKER))
+            .provider(Provider::openai("p2").with(NO_BREAKER))
+            .policy(
+                Policy::chat(MODEL, &["p1", "p2"])
+                    .set("availability", "{interval: 1s}")
+                    .set(
+                        "affinity",
+                        &format!("{{header: {PROJECT_HEADER}, pinDuration: 6s}}"),
+                    ),
+            ),
+    )
+    .await;
+    let projects: Vec<String> = (0..20).map(|i| format!("storm-{i}")).collect();
+    for p in &projects {
+        let r = stack.chat(MODEL, Some(p)).await;
+        assert_eq!(r.provider().as_deref(), Some("p1"), "{p} before the storm");
+    }
+    stack
+        .mock("p1")
+        .set_faults(FaultSet::fail_all(Fault::RateLimited {
+            retry_after: Some(1),
+            http_date: false,
+            retry_after_ms: None,
+            reset_requests: Some("1s".to_owned()),
+            reset_tokens: None,
+        }));
+    let storm = Instant::now();
+    while storm.elapsed() < Duration::from_secs(30) {
+        for p in &projects {
+            let r = stack.chat(MODEL, Some(p)).await;
+            assert_eq!(r.status, 200, "{p} in the storm: {}", r.body);
+            assert_eq!(r.provider().as_deref(), Some("p2"), "{p} in the storm");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stack.mock("p1").set_faults(FaultSet::none());
+    let end = Instant::now();
+    let bound = Duration::from_secs(6 + 2 + 2);
+    let mut back: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut new_on_p2 = Vec::new();
+    let mut n = 0;
+    while end.elapsed() < bound + Duration::from_secs(5) {
+        for p in &projects {
+            let r = stack.chat(MODEL, Some(p)).await;
+            assert_eq!(r.status, 200, "{p} after the storm: {}", r.body);
+            if r.provider().as_deref() == Some("p1") {
+                back.entry(p.clone()).or_insert(end.elapsed());
+            } else {
+                // Once home, a project stays there.
+                assert!(!back.contains_key(p), "{p} left p1 again: {:?}", r.headers);
+            }
+        }
+        n += 1;
+        let fresh = stack.chat(MODEL, Some(&format!("fresh-{n}"))).await;
+        if fresh.provider().as_deref() != Some("p1") && end.elapsed() > Duration::from_secs(4) {
+            new_on_p2.push((n, end.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let late: Vec<_> = projects
+        .iter()
+        .filter(|p| back.get(*p).is_none_or(|t| *t > bound))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "not back on p1 within {bound:?}: {late:?}; returns {back:?}; weights {:?}",
+        policy_weights(&stack.status().await, MODEL)
+    );
+    // Returns are spread over the pin, not one mass move.
+    let first = back.values().min().copied().unwrap_or_default();
+    let last = back.values().max().copied().unwrap_or_default();
+    assert!(
+        last.saturating_sub(first) >= Duration::from_secs(2),
+        "all projects moved back at once: {back:?}"
+    );
+    assert!(
+        new_on_p2.is_empty(),
+        "new projects sent to p2 4 s after the storm: {new_on_p2:?}"
+    );
+}
