@@ -231,6 +231,11 @@ pub fn home_head(key: &str, providers: &[&str], tiers: Option<&Tiers>) -> Option
 
 /// [`home_head`] and the home's cascade weight at full availability.
 fn home(key: &str, providers: &[&str], tiers: Option<&Tiers>) -> Option<(usize, f64)> {
+    // A plain priority list: full availabilities cascade to [1, 0, …], whose head is the
+    // first provider; no second chain to compute for every new pin.
+    if tiers.is_none() {
+        return (!providers.is_empty()).then_some((0, 1.0));
+    }
     let full: SmallVec<[f64; INLINE_PROVIDERS]> = SmallVec::from_elem(1.0, providers.len());
     let weights = crate::weights::route_weights(&full, tiers);
     let head = route_chain(key, providers, &weights, tiers)
