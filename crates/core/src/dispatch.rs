@@ -639,6 +639,12 @@ impl Dispatch {
         self.last_member
     }
 
+    /// Where `member` (a route position) stands in this request's chain: 0 = its head, `None`
+    /// before the chain is drawn or when `member` is not in it.
+    pub fn chain_position(&self, member: usize) -> Option<usize> {
+        self.walk.order.iter().position(|&m| m == member)
+    }
+
     /// Whether the request waited in its tenant's queue.
     pub fn queued(&self) -> bool {
         self.queued

@@ -329,6 +329,29 @@ impl UpstreamClient {
         body: Bytes,
         stream: bool,
     ) -> Result<UpstreamResponse, TransportError> {
+        self.send_with_headers(op, model, body, stream, &HeaderMap::new())
+            .await
+    }
+
+    /// [`Self::send`] with `extra` headers added after the adapter prepared (and, for
+    /// Bedrock, signed) the request: W3C `traceparent` / `tracestate`, which SigV4 does not
+    /// need signed. An extra header never replaces one the adapter set.
+    pub async fn send_with_headers(
+        &self,
+        op: Operation,
+        model: &str,
+        body: Bytes,
+        stream: bool,
+        extra: &HeaderMap,
+    ) -> Result<UpstreamResponse, TransportError> {
+        let with_extra = |mut p: Prepared| {
+            for (name, value) in extra {
+                if !p.headers.contains_key(name) {
+                    p.headers.insert(name.clone(), value.clone());
+                }
+            }
+            p
+        };
         let call = Call {
             op,
             model,
@@ -336,11 +359,11 @@ impl UpstreamClient {
             body,
         };
         let prepared = self.noting(self.adapter.prepare(call.clone()).await)?;
-        let mut response = self.send_prepared(prepared).await?;
+        let mut response = self.send_prepared(with_extra(prepared)).await?;
         if response.status == StatusCode::UNAUTHORIZED && self.adapter.unauthorized() {
             drop(response);
             let prepared = self.noting(self.adapter.prepare(call).await)?;
-            response = self.send_prepared(prepared).await?;
+            response = self.send_prepared(with_extra(prepared)).await?;
         }
         match response.status {
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => self.note(Some(format!(

@@ -844,6 +844,7 @@ mod output_tests {
             estimate: crate::estimate::Estimate::default(),
             fingerprint: 0,
             dropped: Default::default(),
+            trace: Default::default(),
         }
     }
 

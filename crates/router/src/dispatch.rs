@@ -91,6 +91,10 @@ struct AttemptGuard {
     learns_latency: bool,
     /// When the stream's first content arrived, after `started`.
     first_token: Option<Duration>,
+    /// The request's and this attempt's OpenTelemetry spans (disabled when not exported).
+    spans: crate::telemetry::Spans,
+    /// Finish reasons of the answer, recorded on the spans (only read when they are exported).
+    finish_reasons: Vec<String>,
 }
 
 /// A reservation held by an attempt, with what settling it needs.
@@ -186,6 +190,8 @@ impl AttemptGuard {
             partial: None,
             learns_latency: false,
             first_token: None,
+            spans: crate::telemetry::Spans::none(),
+            finish_reasons: Vec::new(),
         }
     }
 
@@ -222,6 +228,7 @@ impl AttemptGuard {
     }
 
     fn succeed(mut self, usage: Option<&NormalizedUsage>) {
+        self.spans.succeeded(usage, &self.finish_reasons);
         if let Some(q) = self.quota.take() {
             q.settle_success(&self.app, usage);
         }
@@ -276,6 +283,7 @@ impl AttemptGuard {
     }
 
     fn fail(mut self, class: ErrorClass) {
+        crate::telemetry::attempt_failed(&self.spans.attempt, class.metric_label(), None, None);
         if let Some(q) = self.quota.take() {
             match &self.partial {
                 // Content reached the client before the failure: that much was used.
@@ -360,7 +368,8 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
     let dialect = req.op.dialect();
     let request_id = req.request_id.clone();
     let start = app.clock.now();
-    let (result, queued, waited) = execute(&app, &live, route_index, &route, &req, start)
+    let otel = crate::telemetry::request_span(&route, &req);
+    let (result, queued, waited) = execute(&app, &live, route_index, &route, &req, start, &otel)
         .instrument(span.clone())
         .await;
     let decision = match &result {
@@ -403,6 +412,19 @@ pub async fn dispatch(app: Arc<App>, route_index: usize, req: ClientRequest) -> 
     span.record("attempts", attempts);
     if let Some(p) = &provider {
         span.record("provider", p.as_str());
+    }
+    if !otel.is_disabled() {
+        let config = provider
+            .as_ref()
+            .and_then(|key| live.table.providers.iter().find(|p| &p.key == key))
+            .map(|p| &**p);
+        crate::telemetry::request_finished(
+            &otel,
+            config,
+            attempts,
+            response.status().as_u16(),
+            &outcome,
+        );
     }
     span.in_scope(|| {
         // Debug, not info: formatting and writing a line per request costs about a fifth of
@@ -672,8 +694,11 @@ async fn execute(
     route: &Arc<Route>,
     req: &ClientRequest,
     start: switchyard_core::time::Instant,
+    otel: &tracing::Span,
 ) -> (RunResult, bool, bool) {
     let clock = app.clock;
+    // Time spent reserving before the next attempt, for its span.
+    let mut reservation_wait = Duration::ZERO;
     // Whether the request really waited in its tenant's queue (a `queue_full` answer at the
     // door is a rejection, not a wait): the tenant's `throttled` count.
     let mut waited = false;
@@ -721,7 +746,10 @@ async fn execute(
                     broker::output_budget(req, u64::from(route.default_max_tokens), window);
                 let demand =
                     broker::demand(req.estimated_input_tokens, output.reserve, Some(pricing));
-                let result = match app.broker.reserve(&buckets, demand, route.deadline).await {
+                let reserve_start = clock.now();
+                let reserved_result = app.broker.reserve(&buckets, demand, route.deadline).await;
+                reservation_wait += clock.now().saturating_since(reserve_start);
+                let result = match reserved_result {
                     Ok(ticket) => {
                         // The caller's own tightest bucket after this debit, for the success
                         // headers; shared (route, provider) buckets say nothing about the caller.
@@ -767,6 +795,23 @@ async fn execute(
                 let key = &live.table.providers[rp.index].key;
                 let attempt_span =
                     tracing::debug_span!("attempt", provider = %key, n = machine.attempts());
+                let spans = crate::telemetry::Spans {
+                    attempt: crate::telemetry::attempt_span(
+                        otel,
+                        req.op,
+                        crate::telemetry::AttemptFacts {
+                            provider: &live.table.providers[rp.index],
+                            upstream_model: &rp.upstream_model,
+                            position: machine.chain_position(member).unwrap_or(member),
+                            attempt: machine.attempts(),
+                            reservation_wait_ms: u64::try_from(
+                                std::mem::take(&mut reservation_wait).as_millis(),
+                            )
+                            .unwrap_or(u64::MAX),
+                        },
+                    ),
+                    request: otel.clone(),
+                };
                 let result = attempt(
                     app,
                     live,
@@ -781,6 +826,7 @@ async fn execute(
                         first_token: first_token_deadline,
                     },
                     reserved.take(),
+                    spans.clone(),
                 )
                 .instrument(attempt_span)
                 .await;
@@ -791,6 +837,12 @@ async fn execute(
                     }
                     Attempt::Failed(failure) => {
                         let c = &failure.classification;
+                        crate::telemetry::attempt_failed(
+                            &spans.attempt,
+                            c.class.metric_label(),
+                            c.code.as_deref(),
+                            failure.status,
+                        );
                         if c.class != ErrorClass::Deadline {
                             tracing::info!(provider = %key, class = %c.class, code = c.code.as_deref().unwrap_or(""), "attempt failed");
                         }
@@ -1147,12 +1199,14 @@ async fn attempt(
     req: &ClientRequest,
     deadlines: AttemptDeadlines,
     quota: Option<Reserved>,
+    spans: crate::telemetry::Spans,
 ) -> Attempt {
     let deadline = deadlines.request;
     let provider = &live.table.providers[provider_index];
     // Every attempt the machine sent is settled exactly once, also when nothing leaves (the
     // reservation is then credited back in full).
     let mut guard = AttemptGuard::start(app, live, route_index, provider_index, quota);
+    guard.spans = spans;
     guard.learns_latency = matches!(req.op, ClientOp::Chat | ClientOp::Messages);
     let Ok(client) = provider.client.as_ref() else {
         return fail(guard, Classification::new(ErrorClass::Auth));
@@ -1214,7 +1268,13 @@ async fn attempt(
     };
     let sent = tokio::time::timeout_at(
         first_token_deadline,
-        client.send(op, model, body, streaming),
+        client.send_with_headers(
+            op,
+            model,
+            body,
+            streaming,
+            &crate::telemetry::upstream_headers(&guard.spans.attempt, &req.trace),
+        ),
     )
     .await;
     let response = match sent {
@@ -1250,6 +1310,7 @@ async fn attempt(
         guard.fail(class);
         return Attempt::Failed(failure);
     }
+    crate::telemetry::response_model(&guard.spans, model);
     if streaming {
         if let Err(message) = client.adapter().accepts_stream(&response.headers) {
             let c = Classification {
@@ -1294,6 +1355,9 @@ async fn attempt(
         };
         match translate_response(app, req.op, kind, &body) {
             Ok((bytes, usage)) => {
+                if !guard.spans.attempt.is_disabled() {
+                    guard.finish_reasons = crate::telemetry::finish_reasons(req.op, &bytes);
+                }
                 guard.succeed(usage.as_ref());
                 if let (ClientOp::Transcription, ClientBody::Json(map)) = (req.op, &req.body) {
                     return Attempt::Served(crate::transcription::client_response(map, bytes));

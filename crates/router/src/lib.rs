@@ -12,7 +12,7 @@
 //! 1. wire formats and request facts: `wire`, `upstream` (from `switchyard-providers`),
 //!    [`protocol_errors`], [`estimate`], [`metrics`], [`responses`];
 //! 2. configuration and shared state: [`config`], [`state`], [`conditions`], [`request`],
-//!    [`transcription`], [`idempotency`], [`broker`];
+//!    [`transcription`], [`idempotency`], [`broker`], [`telemetry`];
 //! 3. the process: [`app`];
 //! 4. the executor and the process's views and loops: [`dispatch`], [`signals`],
 //!    [`status`], [`outcomes`], [`probe`], [`control`], [`ui`];
@@ -40,6 +40,7 @@ pub mod signals;
 pub mod standalone;
 pub mod state;
 pub mod status;
+pub mod telemetry;
 pub mod transcription;
 pub mod ui;
 

@@ -115,6 +115,31 @@ pub fn required_modalities(op: ClientOp, body: &ClientBody) -> Vec<Modality> {
     needs
 }
 
+/// The `traceparent` header of W3C Trace Context.
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+/// The `tracestate` header of W3C Trace Context.
+pub const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+
+/// A client's `traceparent` and `tracestate` headers as received (the first value of each),
+/// for [`crate::telemetry`].
+#[derive(Debug, Clone, Default)]
+pub struct TraceHeaders {
+    /// `traceparent`, when sent.
+    pub traceparent: Option<http::HeaderValue>,
+    /// `tracestate`, when sent.
+    pub tracestate: Option<http::HeaderValue>,
+}
+
+impl TraceHeaders {
+    /// Takes the trace-context headers of a client request.
+    pub fn from_request(headers: &http::HeaderMap) -> Self {
+        TraceHeaders {
+            traceparent: headers.get(TRACEPARENT).cloned(),
+            tracestate: headers.get(TRACESTATE).cloned(),
+        }
+    }
+}
+
 /// One client request, identified and parsed.
 #[derive(Debug)]
 pub struct ClientRequest {
@@ -148,6 +173,8 @@ pub struct ClientRequest {
     /// Parameters dropped by a lossy translation (comma-separated), for the
     /// `x-switchyard-dropped-parameters` response header.
     pub dropped: Arc<std::sync::Mutex<Option<String>>>,
+    /// The client's trace context, continued by the request's span or forwarded upstream.
+    pub trace: TraceHeaders,
 }
 
 /// An error shown to the client in its own dialect.

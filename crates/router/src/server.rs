@@ -832,6 +832,7 @@ async fn prepare(
             estimate,
             fingerprint: xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, op as u64),
             dropped: Default::default(),
+            trace: crate::request::TraceHeaders::from_request(&parts.headers),
         },
     ))
 }

@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["state", "history"],
     &["conditions", "request", "idempotency"],
-    &["transcription", "broker"],
+    &["transcription", "broker", "telemetry"],
     &["app"],
     &["signals", "status", "outcomes", "probe", "control"],
     &["dispatch"],

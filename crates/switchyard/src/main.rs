@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 mod crdgen;
+mod otel;
 mod sim_serve;
 
 /// Switchyard: an LLM-provider load balancer for Kubernetes.
@@ -131,21 +132,57 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match run(cli) {
+    let otel = match otel::init() {
+        Ok(otel) => otel,
+        Err(e) => {
+            eprintln!("error: OpenTelemetry configuration: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(otel.as_ref());
+    let result = run(cli);
+    // Flushes the spans still queued before the process ends.
+    drop(otel);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs to stderr (`RUST_LOG`, default `info`) and, when `otel` exports, the request path's
+/// spans (`switchyard_router::telemetry::TARGET`, never logged) to OpenTelemetry.
+fn init_logging(otel: Option<&otel::Otel>) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let otel_only = switchyard_router::telemetry::TARGET;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = match format!("{otel_only}=off").parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter);
+    let traces = otel.map(|o| {
+        tracing_opentelemetry::layer()
+            .with_tracer(o.tracer())
+            .with_location(false)
+            .with_threads(false)
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(otel_only, tracing::Level::TRACE),
+            )
+    });
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .init();
 }
 
 /// How long a shutdown waits for in-flight requests.

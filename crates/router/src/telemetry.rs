@@ -1,0 +1,330 @@
+//! The request path's OpenTelemetry spans and W3C trace-context propagation.
+//!
+//! Two spans per request, both on the target [`TARGET`] so that only an OpenTelemetry layer
+//! sees them (the log layer filters the target out, and with no exporter configured no layer
+//! is interested: the spans are disabled at their call sites and cost a cached interest check):
+//!
+//! - the **request** span (`SpanKind::Server`, named `"{operation} {model}"`), child of the
+//!   client's `traceparent` when it sent one, carrying the GenAI semantic conventions
+//!   (`gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.provider.name`,
+//!   `gen_ai.response.model`, `gen_ai.usage.input_tokens` / `output_tokens`,
+//!   `gen_ai.usage.cache_read.input_tokens` / `cache_creation.input_tokens`,
+//!   `gen_ai.response.finish_reasons`) and ours (`switchyard.route`, `switchyard.tenant`,
+//!   `switchyard.attempts`, `switchyard.outcome`);
+//! - one **attempt** span per upstream attempt (`SpanKind::Client`), with the provider's
+//!   conventions, `switchyard.provider`, `switchyard.chain.position` (0 = the chain's head),
+//!   `switchyard.attempt` (1-based), `switchyard.reservation.wait_ms` and, when it failed,
+//!   `switchyard.reason` and `error.type`. Its context is sent to the provider as
+//!   `traceparent` / `tracestate`.
+//!
+//! Prompts, completions and keys are never recorded. With tracing off, a client's
+//! `traceparent` and `tracestate` are forwarded to the provider unchanged, as a proxy that
+//! does not take part in the trace would.
+//!
+//! The conventions are OpenTelemetry's "Semantic conventions for generative AI systems"
+//! (`gen_ai.*`, development status) and the W3C Trace Context recommendation.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator as _};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::config::{ProviderConfig, Route};
+use crate::request::{ClientOp, ClientRequest, TRACEPARENT, TRACESTATE, TraceHeaders};
+use crate::wire::usage::NormalizedUsage;
+use switchyard_api::provider::ProviderApi;
+
+/// The `tracing` target of the spans meant for OpenTelemetry only.
+pub const TARGET: &str = "switchyard::otel";
+
+/// The spans of one request: the request span and the current attempt's span (both
+/// [`Span::none`] when nothing exports traces).
+#[derive(Debug, Clone)]
+pub struct Spans {
+    /// The request span.
+    pub request: Span,
+    /// The attempt span.
+    pub attempt: Span,
+}
+
+impl Spans {
+    /// Spans that record nothing.
+    pub fn none() -> Self {
+        Spans {
+            request: Span::none(),
+            attempt: Span::none(),
+        }
+    }
+
+    /// Records a successful attempt's usage and the provider's conventions on both spans.
+    pub fn succeeded(&self, usage: Option<&NormalizedUsage>, finish_reasons: &[String]) {
+        if self.request.is_disabled() {
+            return;
+        }
+        for span in [&self.request, &self.attempt] {
+            if let Some(u) = usage {
+                span.record("gen_ai.usage.input_tokens", u.input_total());
+                span.record("gen_ai.usage.output_tokens", u.output);
+                span.record("gen_ai.usage.cache_read.input_tokens", u.cache_read);
+                span.record("gen_ai.usage.cache_creation.input_tokens", u.cache_write);
+            }
+            if !finish_reasons.is_empty() {
+                let reasons: Vec<opentelemetry::StringValue> =
+                    finish_reasons.iter().map(|r| r.clone().into()).collect();
+                span.set_attribute(
+                    "gen_ai.response.finish_reasons",
+                    opentelemetry::Value::Array(reasons.into()),
+                );
+            }
+        }
+    }
+}
+
+/// The GenAI `gen_ai.operation.name` of a client operation.
+pub fn operation_name(op: ClientOp) -> &'static str {
+    match op {
+        ClientOp::Chat | ClientOp::Messages => "chat",
+        ClientOp::Embeddings => "embeddings",
+        ClientOp::Rerank => "rerank",
+        ClientOp::Transcription => "transcription",
+    }
+}
+
+/// The GenAI `gen_ai.provider.name` of a provider's protocol.
+pub fn provider_name(api: &ProviderApi) -> &'static str {
+    match api {
+        ProviderApi::Openai => "openai",
+        ProviderApi::Anthropic => "anthropic",
+        ProviderApi::Vertex => "gcp.vertex_ai",
+        ProviderApi::Bedrock => "aws.bedrock",
+    }
+}
+
+/// Opens the request span (see the module docs), child of the client's trace context.
+pub fn request_span(route: &Route, req: &ClientRequest) -> Span {
+    let operation = operation_name(req.op);
+    let span = tracing::info_span!(
+        target: TARGET,
+        "gen_ai.request",
+        otel.name = format!("{operation} {}", route.model),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = operation,
+        gen_ai.request.model = route.model.as_str(),
+        gen_ai.provider.name = tracing::field::Empty,
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.usage.cache_read.input_tokens = tracing::field::Empty,
+        gen_ai.usage.cache_creation.input_tokens = tracing::field::Empty,
+        switchyard.route = route.key.as_str(),
+        switchyard.tenant = req.tenant.as_ref().map_or("anonymous", |t| t.key.as_str()),
+        switchyard.stream = req.stream,
+        switchyard.request_id = req.request_id.as_str(),
+        switchyard.attempts = tracing::field::Empty,
+        switchyard.outcome = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    if !span.is_disabled() && req.trace.traceparent.is_some() {
+        let parent = TraceContextPropagator::new().extract(&Headers(&req.trace));
+        // A span that already started cannot be re-parented; this one has not.
+        let _ = span.set_parent(parent);
+    }
+    span
+}
+
+/// Records how the request ended on its span: `outcome` is `success` or the error code.
+pub fn request_finished(
+    span: &Span,
+    provider: Option<&ProviderConfig>,
+    attempts: u32,
+    status: u16,
+    outcome: &str,
+) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("switchyard.attempts", attempts);
+    span.record("switchyard.outcome", outcome);
+    span.record("http.response.status_code", status);
+    if let Some(p) = provider {
+        span.record("gen_ai.provider.name", provider_name(&p.api));
+    }
+    if outcome != "success" {
+        span.record("error.type", outcome);
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+/// What an attempt span is opened with.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptFacts<'a> {
+    /// The provider tried.
+    pub provider: &'a ProviderConfig,
+    /// The model name sent upstream.
+    pub upstream_model: &'a str,
+    /// Position in the request's chain, 0 = its head.
+    pub position: usize,
+    /// 1-based attempt number.
+    pub attempt: u32,
+    /// Time spent reserving capacity before this attempt, milliseconds.
+    pub reservation_wait_ms: u64,
+}
+
+/// Opens an attempt span under `request` (disabled when `request` is).
+pub fn attempt_span(request: &Span, op: ClientOp, facts: AttemptFacts<'_>) -> Span {
+    if request.is_disabled() {
+        return Span::none();
+    }
+    let operation = operation_name(op);
+    tracing::info_span!(
+        target: TARGET,
+        parent: request,
+        "gen_ai.attempt",
+        otel.name = format!("{operation} {}", facts.upstream_model),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = operation,
+        gen_ai.provider.name = provider_name(&facts.provider.api),
+        gen_ai.request.model = facts.upstream_model,
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.usage.cache_read.input_tokens = tracing::field::Empty,
+        gen_ai.usage.cache_creation.input_tokens = tracing::field::Empty,
+        switchyard.provider = facts.provider.key.as_str(),
+        switchyard.chain.position = facts.position as u64,
+        switchyard.attempt = facts.attempt,
+        switchyard.reservation.wait_ms = facts.reservation_wait_ms,
+        switchyard.reason = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// Records a failed attempt: its error class, the provider's code when it gave one, and the
+/// HTTP status when there was a response.
+pub fn attempt_failed(span: &Span, class: &str, code: Option<&str>, status: Option<u16>) {
+    if span.is_disabled() {
+        return;
+    }
+    match code {
+        Some(code) => span.record("switchyard.reason", format!("{class}/{code}")),
+        None => span.record("switchyard.reason", class),
+    };
+    span.record("error.type", class);
+    span.record("otel.status_code", "ERROR");
+    if let Some(s) = status {
+        span.record("http.response.status_code", s);
+    }
+}
+
+/// Records the model that answered, on the attempt and request spans.
+pub fn response_model(spans: &Spans, model: &str) {
+    for span in [&spans.request, &spans.attempt] {
+        span.record("gen_ai.response.model", model);
+    }
+}
+
+/// The trace-context headers to send upstream for an attempt: the attempt span's context when
+/// it is exported, else the client's own headers unchanged (empty when it sent none).
+pub fn upstream_headers(attempt: &Span, client: &TraceHeaders) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    if attempt.is_disabled() {
+        if let Some(v) = &client.traceparent {
+            out.insert(TRACEPARENT, v.clone());
+            if let Some(s) = &client.tracestate {
+                out.insert(TRACESTATE, s.clone());
+            }
+        }
+        return out;
+    }
+    TraceContextPropagator::new().inject_context(&attempt.context(), &mut HeaderInjector(&mut out));
+    out
+}
+
+/// Finish reasons of a non-streamed answer in the client's dialect (`choices[].finish_reason`
+/// for OpenAI, `stop_reason` for Anthropic); empty when there are none. Parses the body, so it
+/// is called only when the span is exported.
+pub fn finish_reasons(op: ClientOp, body: &[u8]) -> Vec<String> {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    match op {
+        ClientOp::Messages => v
+            .get("stop_reason")
+            .and_then(serde_json::Value::as_str)
+            .map(|s| vec![s.to_owned()])
+            .unwrap_or_default(),
+        _ => v
+            .get("choices")
+            .and_then(serde_json::Value::as_array)
+            .map(|choices| {
+                choices
+                    .iter()
+                    .filter_map(|c| c.get("finish_reason")?.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+struct Headers<'a>(&'a TraceHeaders);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        let v = match key {
+            "traceparent" => self.0.traceparent.as_ref(),
+            "tracestate" => self.0.tracestate.as_ref(),
+            _ => None,
+        };
+        v.and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent", "tracestate"]
+    }
+}
+
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_an_exporter_the_clients_trace_context_is_forwarded_unchanged() {
+        let mut h = HeaderMap::new();
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        h.insert(TRACEPARENT, HeaderValue::from_static(tp));
+        h.insert(TRACESTATE, HeaderValue::from_static("vendor=1"));
+        let client = TraceHeaders::from_request(&h);
+        let out = upstream_headers(&Span::none(), &client);
+        assert_eq!(out.get(TRACEPARENT).unwrap(), tp);
+        assert_eq!(out.get(TRACESTATE).unwrap(), "vendor=1");
+        let none = upstream_headers(&Span::none(), &TraceHeaders::default());
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn finish_reasons_are_read_in_the_clients_dialect() {
+        let chat = br#"{"choices":[{"finish_reason":"stop"},{"finish_reason":"length"}]}"#;
+        assert_eq!(finish_reasons(ClientOp::Chat, chat), ["stop", "length"]);
+        let messages = br#"{"stop_reason":"end_turn"}"#;
+        assert_eq!(finish_reasons(ClientOp::Messages, messages), ["end_turn"]);
+        assert!(finish_reasons(ClientOp::Chat, b"not json").is_empty());
+    }
+}
