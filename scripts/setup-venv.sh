@@ -31,3 +31,4 @@ echo "$want" > "$stamp"
 "$venv/bin/python" -c 'import openai, anthropic; print("venv: openai", openai.__version__, "anthropic", anthropic.__version__)'
 "$venv/bin/python" -c 'import boto3, google.auth, google.genai; print("venv: boto3", boto3.__version__, "google-genai", google.genai.__version__, "google-auth", google.auth.__version__)'
 "$venv/bin/python" -c 'import helm_python; print("venv: helm-python-sdk", helm_python.__version__, "(Helm SDK", helm_python.helm_sdk_version() + ")")'
+"$venv/bin/python" -c 'from opentelemetry.proto.collector.trace.v1 import trace_service_pb2; print("venv: opentelemetry-proto ok")'

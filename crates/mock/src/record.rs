@@ -47,6 +47,8 @@ pub struct CallRecord {
     /// Last 4 characters of the API key used (a Bedrock request: of its SigV4 access key id; a
     /// Vertex request: of its bearer token), to tell credentials apart without storing them.
     pub key_suffix: Option<String>,
+    /// The W3C `traceparent` header the request carried, if any (what a tracing router passed on).
+    pub traceparent: Option<String>,
     /// Labels of the faults applied (`rate_limited`, `latency`, ...).
     pub fault: Vec<String>,
     /// When the client went away before the mock finished, on the mock's clock.

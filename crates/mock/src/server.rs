@@ -561,6 +561,11 @@ async fn handle_route(
         .get(cfg.project_header.as_str())
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let traceparent = parts
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let guard = shared.recorder.start(CallRecord {
         seq: 0,
         at: Duration::ZERO,
@@ -574,6 +579,7 @@ async fn handle_route(
             let n = k.chars().count();
             k.chars().skip(n.saturating_sub(4)).collect()
         }),
+        traceparent,
         fault: Vec::new(),
         cancelled_at: None,
         tokens_streamed: 0,
@@ -1571,6 +1577,7 @@ fn record_auth_call(shared: &Shared, path: &str, status: u16) {
         include_usage_requested: false,
         project: None,
         key_suffix: None,
+        traceparent: None,
         fault: Vec::new(),
         cancelled_at: None,
         tokens_streamed: 0,

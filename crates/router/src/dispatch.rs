@@ -1725,6 +1725,9 @@ fn commit(
         let usage = translator.usage().finish(estimated_input);
         if let Some(mut g) = guard.take() {
             g.partial = Some(usage);
+            if !g.spans.request.is_disabled() {
+                g.finish_reasons = translator.finish_reasons();
+            }
             match &failure {
                 None => g.succeed(Some(&usage)),
                 Some((class, _)) => g.fail(*class),

@@ -64,10 +64,13 @@ impl Spans {
         }
         for span in [&self.request, &self.attempt] {
             if let Some(u) = usage {
-                span.record("gen_ai.usage.input_tokens", u.input_total());
-                span.record("gen_ai.usage.output_tokens", u.output);
-                span.record("gen_ai.usage.cache_read.input_tokens", u.cache_read);
-                span.record("gen_ai.usage.cache_creation.input_tokens", u.cache_write);
+                span.record("gen_ai.usage.input_tokens", int(u.input_total()));
+                span.record("gen_ai.usage.output_tokens", int(u.output));
+                span.record("gen_ai.usage.cache_read.input_tokens", int(u.cache_read));
+                span.record(
+                    "gen_ai.usage.cache_creation.input_tokens",
+                    int(u.cache_write),
+                );
             }
             if !finish_reasons.is_empty() {
                 let reasons: Vec<opentelemetry::StringValue> =
@@ -79,6 +82,13 @@ impl Spans {
             }
         }
     }
+}
+
+/// A count as a signed OTLP integer. tracing-opentelemetry exports `u64` fields as their
+/// `Debug` strings, which backends do not aggregate as numbers; counts here never reach
+/// `i64::MAX`, and one that did would be clamped.
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// The GenAI `gen_ai.operation.name` of a client operation.
@@ -146,9 +156,9 @@ pub fn request_finished(
     if span.is_disabled() {
         return;
     }
-    span.record("switchyard.attempts", attempts);
+    span.record("switchyard.attempts", i64::from(attempts));
     span.record("switchyard.outcome", outcome);
-    span.record("http.response.status_code", status);
+    span.record("http.response.status_code", i64::from(status));
     if let Some(p) = provider {
         span.record("gen_ai.provider.name", provider_name(&p.api));
     }
@@ -195,9 +205,9 @@ pub fn attempt_span(request: &Span, op: ClientOp, facts: AttemptFacts<'_>) -> Sp
         gen_ai.usage.cache_read.input_tokens = tracing::field::Empty,
         gen_ai.usage.cache_creation.input_tokens = tracing::field::Empty,
         switchyard.provider = facts.provider.key.as_str(),
-        switchyard.chain.position = facts.position as u64,
-        switchyard.attempt = facts.attempt,
-        switchyard.reservation.wait_ms = facts.reservation_wait_ms,
+        switchyard.chain.position = int(facts.position as u64),
+        switchyard.attempt = i64::from(facts.attempt),
+        switchyard.reservation.wait_ms = int(facts.reservation_wait_ms),
         switchyard.reason = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
@@ -217,7 +227,7 @@ pub fn attempt_failed(span: &Span, class: &str, code: Option<&str>, status: Opti
     span.record("error.type", class);
     span.record("otel.status_code", "ERROR");
     if let Some(s) = status {
-        span.record("http.response.status_code", s);
+        span.record("http.response.status_code", i64::from(s));
     }
 }
 

@@ -174,6 +174,8 @@ fn init_logging(otel: Option<&otel::Otel>) {
             .with_tracer(o.tracer())
             .with_location(false)
             .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
             .with_filter(
                 tracing_subscriber::filter::Targets::new()
                     .with_target(otel_only, tracing::Level::TRACE),

@@ -45,6 +45,21 @@ pub struct StreamTranslator {
     /// A stop marker (OpenAI `finish_reason`, Anthropic `message_delta`) was seen, so a clean
     /// end of input without the terminator is a complete answer, not a truncation.
     stop_seen: bool,
+    /// The provider's finish reasons as it sent them (its own dialect), at most
+    /// [`MAX_FINISH_REASONS`], for telemetry.
+    finish_reasons: Vec<String>,
+}
+
+/// Finish reasons kept per stream: one per choice, and a provider that repeats them cannot grow
+/// the list without bound.
+const MAX_FINISH_REASONS: usize = 16;
+
+fn note_finish(reasons: &mut Vec<String>, reason: Option<&str>) {
+    if let Some(r) = reason
+        && reasons.len() < MAX_FINISH_REASONS
+    {
+        reasons.push(r.to_owned());
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,12 +121,25 @@ impl StreamTranslator {
             usage: StreamUsage::new(),
             state: End::Open,
             stop_seen: false,
+            finish_reasons: Vec::new(),
         }
     }
 
     /// Usage seen so far (reported, and the delivered content size for estimates).
     pub fn usage(&self) -> &StreamUsage {
         &self.usage
+    }
+
+    /// The finish reasons seen so far, in the client's dialect (OpenAI `finish_reason` values
+    /// for an OpenAI client, Anthropic `stop_reason` values for an Anthropic one), one per
+    /// choice that finished; empty before the end. Shape: at most 16 entries.
+    pub fn finish_reasons(&self) -> Vec<String> {
+        let map = |r: &String| match self.mode {
+            Mode::AnthropicToOpenAi(_) => super::anthropic_stop_to_openai(r).to_owned(),
+            Mode::OpenAiToAnthropic(_) => super::openai_finish_to_anthropic(r).to_owned(),
+            Mode::OpenAiPassthrough { .. } | Mode::AnthropicPassthrough => r.clone(),
+        };
+        self.finish_reasons.iter().map(map).collect()
     }
 
     /// Whether the success terminator (`[DONE]` / `message_stop`) has been emitted.
@@ -147,6 +175,9 @@ impl StreamTranslator {
                     OpenAiData::Chunk(chunk) => {
                         self.usage.observe_openai(&chunk);
                         self.stop_seen |= chunk.choices.iter().any(|c| c.finish_reason.is_some());
+                        for c in &chunk.choices {
+                            note_finish(&mut self.finish_reasons, c.finish_reason.as_deref());
+                        }
                         if chunk.is_usage_only() && !*client_wants_usage {
                             return Ok(out);
                         }
@@ -160,7 +191,10 @@ impl StreamTranslator {
                 match event {
                     anthropic::StreamEvent::MessageStop => self.state = End::Finished,
                     anthropic::StreamEvent::Error { .. } => self.state = End::Errored,
-                    anthropic::StreamEvent::MessageDelta { .. } => self.stop_seen = true,
+                    anthropic::StreamEvent::MessageDelta { delta, .. } => {
+                        self.stop_seen = true;
+                        note_finish(&mut self.finish_reasons, delta.stop_reason.as_deref());
+                    }
                     _ => {}
                 }
                 out.push(item.clone());
@@ -168,13 +202,19 @@ impl StreamTranslator {
             Mode::AnthropicToOpenAi(t) => {
                 let event = parse_anthropic(ev)?;
                 self.usage.observe_anthropic(&event);
-                self.stop_seen |= matches!(event, anthropic::StreamEvent::MessageDelta { .. });
+                if let anthropic::StreamEvent::MessageDelta { delta, .. } = &event {
+                    self.stop_seen = true;
+                    note_finish(&mut self.finish_reasons, delta.stop_reason.as_deref());
+                }
                 self.state = t.push(event, &self.usage, &mut out);
             }
             Mode::OpenAiToAnthropic(t) => {
                 let data = parse_openai(ev)?;
                 if let OpenAiData::Chunk(chunk) = &data {
                     self.usage.observe_openai(chunk);
+                    for c in &chunk.choices {
+                        note_finish(&mut self.finish_reasons, c.finish_reason.as_deref());
+                    }
                 }
                 self.state = t.push(data, &self.usage, &mut out);
             }
@@ -617,6 +657,38 @@ mod tests {
             anthropic_error_type_of(&json!({"message": "x"})),
             "api_error"
         );
+    }
+
+    #[test]
+    fn finish_reasons_are_reported_in_the_clients_dialect_and_bounded() {
+        let openai_stop = SseItem::Event(SseEvent::data(
+            r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#,
+        ));
+        let delta = SseItem::Event(SseEvent {
+            event: Some("message_delta".to_owned()),
+            ..SseEvent::data(
+                r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":3}}"#,
+            )
+        });
+        let mut t = StreamTranslator::openai_passthrough(true);
+        assert!(t.finish_reasons().is_empty());
+        t.push(&openai_stop).unwrap();
+        assert_eq!(t.finish_reasons(), ["length"]);
+        let mut t = StreamTranslator::openai_to_anthropic();
+        t.push(&openai_stop).unwrap();
+        assert_eq!(t.finish_reasons(), ["max_tokens"]);
+        let mut t = StreamTranslator::anthropic_passthrough();
+        t.push(&delta).unwrap();
+        assert_eq!(t.finish_reasons(), ["max_tokens"]);
+        let mut t = StreamTranslator::anthropic_to_openai(1, false);
+        t.push(&delta).unwrap();
+        assert_eq!(t.finish_reasons(), ["length"]);
+        // A provider repeating finish chunks cannot grow the list past its bound.
+        let mut t = StreamTranslator::openai_passthrough(true);
+        for _ in 0..100 {
+            t.push(&openai_stop).unwrap();
+        }
+        assert_eq!(t.finish_reasons().len(), MAX_FINISH_REASONS);
     }
 
     #[test]
