@@ -4,6 +4,7 @@
 #   bench/load.sh                 # full run (~5 min), writes docs/benchmarks.md and bench/results/
 #   REPS=5 DURATION=10 bench/load.sh
 #   LIMITS=1 bench/load.sh        # also a router whose tenant has limits (~7 min)
+#   TRACED=1 bench/load.sh        # also a router exporting OpenTelemetry traces (~7 min)
 #   BASELINE_BIN=/tmp/old/switchyard BASELINE_LABEL=b808a34 bench/load.sh
 #                                 # also an older build of the router, same manifests (before/after)
 #
@@ -27,8 +28,16 @@
 # request is estimated, reserved and reconciled on the in-process store. It is a third target
 # ("limits") interleaved with direct and router in every cell; the memory step is unchanged.
 #
+# With TRACED=1 another router runs on the same manifests with OTEL_EXPORTER_OTLP_ENDPOINT set,
+# exporting a request span and an attempt span per request over OTLP/HTTP to a real receiver
+# (tests/python/otlp_receiver.py --count, on the official opentelemetry-proto definitions, from
+# the test venv): the "traced" target, whose router CPU per request is compared with the plain
+# router's in the same cells (issue 17: at most +15 %). The receiver counts what arrives, so the
+# report also says what share of the spans the exporter delivered rather than dropped.
+#
 # Environment knobs: SWITCHYARD_BIN (use this binary, skip the build), NICE (0; a negative
-# value needs root), LIMITS (0; 1 adds the tenant-with-limits target), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
+# value needs root), LIMITS (0; 1 adds the tenant-with-limits target), TRACED (0; 1 adds the
+# traced target), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
 # ("1 16 64"), BASELINE_BIN (a second switchyard binary run as the "baseline" target: same
 # manifests, interleaved like the others, its CPU per request compared with the router's),
 # BASELINE_LABEL (what that binary is, for the report, e.g. a commit), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as shipped),
@@ -42,7 +51,7 @@ cd "$ROOT"
 
 # The exact command, with the knobs that were set, for the report.
 COMMAND_LINE="bench/load.sh"
-for knob in SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
+for knob in SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS TRACED ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
   if [[ -n "${!knob+x}" ]]; then
     COMMAND_LINE="$knob='${!knob}' $COMMAND_LINE"
   fi
@@ -55,6 +64,7 @@ KEYS="${KEYS:-100000}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 OUTPUT_TOKENS="${OUTPUT_TOKENS:-8}"
 LIMITS="${LIMITS:-0}"
+TRACED="${TRACED:-0}"
 REPORT="${REPORT:-$ROOT/docs/benchmarks.md}"
 RESULTS="${RESULTS:-$ROOT/bench/results}"
 # NICE=-10 runs mock, router and wrk at a higher priority than other work on a shared machine.
@@ -125,6 +135,11 @@ BASELINE_PORT="$(free_port)"
 while [[ "$BASELINE_PORT" == "$MOCK_PORT" || "$BASELINE_PORT" == "$ROUTER_PORT" ||
   "$BASELINE_PORT" == "$LIMITS_PORT" ]]; do
   BASELINE_PORT="$(free_port)"
+done
+TRACED_PORT="$(free_port)"
+while [[ "$TRACED_PORT" == "$MOCK_PORT" || "$TRACED_PORT" == "$ROUTER_PORT" ||
+  "$TRACED_PORT" == "$LIMITS_PORT" || "$TRACED_PORT" == "$BASELINE_PORT" ]]; do
+  TRACED_PORT="$(free_port)"
 done
 KEY="sk-bench-$(date +%s)"
 
@@ -246,6 +261,34 @@ start_baseline_router() {
   wait_http "http://127.0.0.1:$BASELINE_PORT/healthz"
   wait_ready "http://127.0.0.1:$BASELINE_PORT"
 }
+TRACED_PID=""
+OTLP_PID=""
+OTLP_COUNT="$WORK/otlp-spans.txt"
+# The OTLP receiver (its port on its first stdout line), then the traced router exporting to it
+# every 200 ms (the SDK default is 5 s; a shorter delay keeps its queue from overflowing).
+start_traced_router() {
+  bash "$ROOT/scripts/setup-venv.sh" >&2
+  mkfifo "$WORK/otlp.fifo"
+  "${RUN[@]}" "$ROOT/.venv/bin/python" "$ROOT/tests/python/otlp_receiver.py" --count "$OTLP_COUNT" \
+    >"$WORK/otlp.fifo" 2>>"$WORK/otlp.log" &
+  OTLP_PID=$!
+  PIDS+=("$OTLP_PID")
+  local line
+  read -r line <"$WORK/otlp.fifo"
+  local otlp_port="${line#listening }"
+  OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$otlp_port" OTEL_SERVICE_NAME=switchyard-bench \
+    OTEL_BSP_SCHEDULE_DELAY=200 \
+    launch_router "$WORK/manifests" "$TRACED_PORT" "$WORK/router-traced.log"
+  TRACED_PID=$!
+  PIDS+=("$TRACED_PID")
+  wait_http "http://127.0.0.1:$TRACED_PORT/healthz"
+  wait_ready "http://127.0.0.1:$TRACED_PORT"
+}
+# Sum of a counter family in a router's /metrics.
+metric_sum() { # port name
+  curl -s "http://127.0.0.1:$1/metrics" |
+    awk -v n="$2" '$1 ~ "^"n"({|$)" {s += $NF} END {printf "%d", s}'
+}
 stop_router() {
   kill "$ROUTER_PID" 2>/dev/null || true
   wait "$ROUTER_PID" 2>/dev/null || true
@@ -275,6 +318,11 @@ if [[ -n "$BASELINE" ]]; then
   start_baseline_router
   TARGETS+=(baseline)
   PROBE_URLS+=("http://127.0.0.1:$BASELINE_PORT")
+fi
+if [[ "$TRACED" == 1 ]]; then
+  start_traced_router
+  TARGETS+=(traced)
+  PROBE_URLS+=("http://127.0.0.1:$TRACED_PORT")
 fi
 
 # A request through each path must succeed before anything is timed.
@@ -307,6 +355,10 @@ run_wrk() {
   if [[ "$target" == baseline ]]; then
     port="$BASELINE_PORT"
     router_pid="$BASELINE_PID"
+  fi
+  if [[ "$target" == traced ]]; then
+    port="$TRACED_PORT"
+    router_pid="$TRACED_PID"
   fi
   [[ "$conc" -lt 2 ]] && threads=1
   [[ "$mode" == stream ]] && stream=1
@@ -372,6 +424,21 @@ fi
 if [[ -n "$BASELINE" ]]; then
   kill "$BASELINE_PID" 2>/dev/null || true
   wait "$BASELINE_PID" 2>/dev/null || true
+fi
+TRACED_SPANS_EXPECTED=null
+TRACED_SPANS_RECEIVED=null
+TRACED_RSS_AFTER_MATRIX_KIB=null
+if [[ "$TRACED" == 1 ]]; then
+  # Every request and attempt the traced router served is a span; after two export intervals
+  # the receiver should have them all, unless the exporter's queue overflowed.
+  TRACED_SPANS_EXPECTED=$(($(metric_sum "$TRACED_PORT" switchyard_requests_total) + \
+    $(metric_sum "$TRACED_PORT" switchyard_attempts_total)))
+  TRACED_RSS_AFTER_MATRIX_KIB="$(rss_kib "$TRACED_PID")"
+  sleep 2
+  TRACED_SPANS_RECEIVED="$(cat "$OTLP_COUNT" 2>/dev/null || echo 0)"
+  log "traced router: $TRACED_SPANS_RECEIVED spans received of $TRACED_SPANS_EXPECTED requests + attempts"
+  kill "$TRACED_PID" "$OTLP_PID" 2>/dev/null || true
+  wait "$TRACED_PID" "$OTLP_PID" 2>/dev/null || true
 fi
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -444,6 +511,10 @@ cat >"$WORK/meta.json" <<EOF
   "router_rss_start_kib": $RSS_START_KIB,
   "router_rss_after_matrix_kib": $RSS_AFTER_MATRIX_KIB,
   "limits": $LIMITS,
+  "traced": $TRACED,
+  "traced_spans_expected": $TRACED_SPANS_EXPECTED,
+  "traced_spans_received": $TRACED_SPANS_RECEIVED,
+  "traced_rss_after_matrix_kib": $TRACED_RSS_AFTER_MATRIX_KIB,
   "baseline": "${BASELINE_BIN:-}",
   "baseline_label": "${BASELINE_LABEL:-}",
   "baseline_built": "$BASELINE_BUILT",

@@ -9,6 +9,8 @@ limits, so the rate-limit broker estimates, reserves and reconciles every reques
 table, with its cost over the plain router. With `BASELINE_BIN=...`, a fourth target
 ("baseline": an older build of the router, same manifests) is compared with the router cell by
 cell: throughput, latency and router CPU per request, the before/after check of a refactor.
+With `TRACED=1`, a "traced" target (the same build exporting OpenTelemetry traces to a real
+OTLP receiver) is compared with the plain router cell by cell: the cost of tracing.
 
 The hand-written files bench/history.md (earlier figures) and bench/profile.md (profile notes),
 if present, are appended to the report in that order so a rerun keeps them (their own dates say
@@ -24,6 +26,8 @@ from pathlib import Path
 # Targets of issue 4 ("Targets").
 # Before/after (issue 13): router CPU per request at most this much above the baseline build's.
 BASELINE_CPU_MAX_INCREASE = 0.05
+# Tracing on (issue 17): router CPU per request at most this much above tracing off.
+TRACED_CPU_MAX_INCREASE = 0.15
 ADDED_P50_MS = 0.15
 ADDED_P99_MS = 1.0
 TARGET_CONCURRENCY = 16
@@ -115,6 +119,22 @@ def rows(summary):
                         else float("nan")
                     ),
                     "baseline_errors": b["errors"],
+                }
+            )
+        t = summary.get((mode, conc, "traced"))
+        if t:
+            limits.update(
+                {
+                    "traced_rps": t["rps"],
+                    "traced_p50_ms": t["p50_ms"],
+                    "traced_p99_ms": t["p99_ms"],
+                    "traced_cpu_us_per_req": t["router_cpu_us"],
+                    "cpu_change_traced": (
+                        t["router_cpu_us"] / r["router_cpu_us"] - 1
+                        if r["router_cpu_us"]
+                        else float("nan")
+                    ),
+                    "traced_errors": t["errors"],
                 }
             )
         result.append(
@@ -238,6 +258,8 @@ def render(table, meta):
         render_limits(table, meta, add)
     if any("baseline_rps" in r for r in table):
         render_baseline(table, meta, add)
+    if any("traced_rps" in r for r in table):
+        render_traced(table, meta, add)
     add("## Memory")
     add("")
     add(
@@ -408,6 +430,53 @@ def render_baseline(table, meta, add):
             f" {r['baseline_p50_ms']:.3f} | {r['router_p50_ms']:.3f} |"
             f" {r['baseline_cpu_us_per_req']:.0f} | {r['router_cpu_us_per_req']:.0f} |"
             f" {100 * change:+.1f} % | {verdict(change <= BASELINE_CPU_MAX_INCREASE)} |"
+        )
+    add("")
+
+
+def render_traced(table, meta, add):
+    """The traced target: the same build with the OTLP exporter on, against tracing off."""
+    add("## Tracing on against tracing off")
+    add("")
+    expected = meta.get("traced_spans_expected")
+    received = meta.get("traced_spans_received")
+    delivered = ""
+    if expected:
+        delivered = (
+            f" The receiver got {received:,} spans; the traced router's metrics count"
+            f" {expected:,} requests and attempts"
+        )
+        if received >= expected:
+            delivered += " (every span delivered)."
+        else:
+            delivered += (
+                f" ({100 * received / expected:.1f} % delivered; the rest were dropped by the"
+                " exporter's bounded queue, which never blocks a request)."
+            )
+    add(
+        "A second router process of this build runs on the same manifests with"
+        " `OTEL_EXPORTER_OTLP_ENDPOINT` set (OTLP/HTTP protobuf, batch delay 200 ms) to a real"
+        " receiver (`tests/python/otlp_receiver.py --count`, decoding every export with the"
+        " official opentelemetry-proto definitions), interleaved with the others in every cell."
+        f" Target: router CPU per request at most {TRACED_CPU_MAX_INCREASE:.0%} above tracing"
+        f" off in every cell.{delivered}"
+    )
+    add("")
+    add(
+        "| mode | conc. | off req/s | on req/s | off p50 ms | on p50 ms | off µs/req |"
+        " on µs/req | CPU change | verdict |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in table:
+        if "traced_rps" not in r:
+            continue
+        change = r["cpu_change_traced"]
+        add(
+            f"| {MODE_NAMES.get(r['mode'], r['mode'])} | {r['concurrency']} |"
+            f" {r['router_rps']:.0f} | {r['traced_rps']:.0f} |"
+            f" {r['router_p50_ms']:.3f} | {r['traced_p50_ms']:.3f} |"
+            f" {r['router_cpu_us_per_req']:.0f} | {r['traced_cpu_us_per_req']:.0f} |"
+            f" {100 * change:+.1f} % | {verdict(change <= TRACED_CPU_MAX_INCREASE)} |"
         )
     add("")
 

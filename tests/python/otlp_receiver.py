@@ -1,6 +1,7 @@
 """A minimal OTLP/HTTP trace receiver for the tracing tests (tests/tests/otel.rs).
 
 Usage: otlp_receiver.py OUT.jsonl
+       otlp_receiver.py --count COUNT.txt   (bench/load.sh: only count the spans)
 
 Listens on 127.0.0.1 (a free port), prints `listening <port>` on stdout once ready, and serves
 `POST /v1/traces` with `Content-Type: application/x-protobuf`. Each request body is decoded with
@@ -10,6 +11,10 @@ span becomes one JSON line in OUT.jsonl:
     {"service": "...", "scope": "...", "name": "...", "kind": "SPAN_KIND_SERVER",
      "trace_id": "<32 hex>", "span_id": "<16 hex>", "parent_span_id": "<16 hex or empty>",
      "attributes": {"key": value, ...}, "status": "STATUS_CODE_UNSET"}
+
+With `--count`, spans are decoded and counted but not written: COUNT.txt holds the running total
+of spans received, rewritten after every export (what bench/load.sh compares with the requests
+the traced router served, to see whether its exporter dropped any).
 
 Anything else (another path, a body that does not decode) is answered 400 and logged to stderr,
 so a malformed export fails the test instead of vanishing.
@@ -24,6 +29,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 OUT_LOCK = Lock()
+COUNT_ONLY = len(sys.argv) > 2 and sys.argv[1] == "--count"
+OUT_PATH = sys.argv[2] if COUNT_ONLY else sys.argv[1]
+SPANS_SEEN = 0
 
 
 def any_value(v):
@@ -75,9 +83,18 @@ class Handler(BaseHTTPRequestHandler):
             request.ParseFromString(body)
         except Exception as e:  # a decode error of any kind is the test's failure
             return self.fail(400, f"body does not decode: {e}")
-        with OUT_LOCK, open(sys.argv[1], "a", encoding="utf-8") as out:
-            for span in spans_of(request):
-                out.write(json.dumps(span) + "\n")
+        global SPANS_SEEN
+        with OUT_LOCK:
+            if COUNT_ONLY:
+                SPANS_SEEN += sum(
+                    len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans
+                )
+                with open(OUT_PATH, "w", encoding="utf-8") as out:
+                    out.write(f"{SPANS_SEEN}\n")
+            else:
+                with open(OUT_PATH, "a", encoding="utf-8") as out:
+                    for span in spans_of(request):
+                        out.write(json.dumps(span) + "\n")
         reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")

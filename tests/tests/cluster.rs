@@ -209,6 +209,8 @@ impl Proc {
         let child = Command::new(common::switchyard_bin())
             .args(args)
             .env("RUST_LOG", "info")
+            // The replica identity in /outcomes: two routers of one test are two replicas.
+            .env("POD_NAME", name)
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
@@ -635,8 +637,13 @@ impl Scenario {
     }
 
     fn router(&self, port: u16, kubeconfig: &str) -> Proc {
+        self.router_named("router", port, kubeconfig)
+    }
+
+    /// A router whose log and replica identity are `name`.
+    fn router_named(&self, name: &'static str, port: u16, kubeconfig: &str) -> Proc {
         Proc::spawn(
-            "router",
+            name,
             &[
                 "router".into(),
                 format!("--namespace={}", self.ns),
@@ -650,16 +657,29 @@ impl Scenario {
     /// An operator scraping `router_url`; with `elect`, it takes part in the election on the
     /// Lease `switchyard-operator` of the scenario's namespace.
     fn operator(&self, name: &'static str, router_url: &str, elect: bool, metrics: u16) -> Proc {
+        self.operator_for(name, &[router_url], elect, metrics)
+    }
+
+    /// An operator scraping every router of `router_urls` (see [`Scenario::operator`]).
+    fn operator_for(
+        &self,
+        name: &'static str,
+        router_urls: &[&str],
+        elect: bool,
+        metrics: u16,
+    ) -> Proc {
         let mut args = vec![
             "operator".into(),
             format!("--namespace={}", self.ns),
             format!("--kubeconfig={}", self.kubeconfig),
-            format!("--router-address={router_url}"),
+        ];
+        args.extend(router_urls.iter().map(|u| format!("--router-address={u}")));
+        args.extend([
             format!("--interval={INTERVAL_SECS}s"),
             format!("--metrics-listen=127.0.0.1:{metrics}"),
             format!("--identity={name}"),
             "--no-probes".into(),
-        ];
+        ]);
         if elect {
             args.push(format!("--lease-namespace={}", self.ns));
         } else {
@@ -882,6 +902,116 @@ async fn cluster_traffic_before_the_operator_starts_is_counted_in_its_first_wind
         "the first tick runs at start, not one interval later ({:?})",
         started.elapsed()
     );
+}
+
+/// Sends `n` requests with the scenario's key; returns (served, refused with 429).
+async fn send_counting(url: &str, n: u64) -> (u64, u64) {
+    let http = reqwest::Client::new();
+    let (mut ok, mut limited) = (0, 0);
+    for i in 0..n {
+        match chat(&http, url, SCENARIO_KEY).await {
+            Ok(200) => ok += 1,
+            Ok(429) => limited += 1,
+            other => panic!("request {i} of {n}: {other:?}"),
+        }
+    }
+    (ok, limited)
+}
+
+/// Waits until the TenantQuota's status satisfies `done`.
+async fn tenant_status_until(
+    s: &Scenario,
+    limit: Duration,
+    what: &str,
+    mut done: impl FnMut(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let status = s.get("tenantquota", "e2e-tenant")["status"].clone();
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}; last status: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Issue 17 item 5 in a cluster: two router replicas (in-process quota stores, so each holds
+/// its own bucket) refuse what their tenant's RPM limit does not allow; the operator writes the
+/// fleet's usage and rejected count into TenantQuota status, and a restarted operator counts
+/// on from the stored checkpoints without counting anything twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_tenant_usage_and_rejections_reach_tenantquota_status_exactly_once() {
+    let _serial = serial().await;
+    let Some(kubeconfig) = cluster("the tenant usage scenario") else {
+        return;
+    };
+    let s = Scenario::new("tenant", &kubeconfig).await;
+    let ns = &s.ns;
+    let limited = format!(
+        "apiVersion: switchyard.dev/v1alpha1\nkind: TenantQuota\nmetadata: {{name: e2e-tenant, namespace: {ns}}}\nspec:\n  apiKeys: [{{name: default, secretRef: {{name: e2e-keys, key: default}}}}]\n  limits:\n    - {{name: rpm, dimension: requests, amount: 3, period: 600s}}\n"
+    );
+    kubectl_ok(&["apply", "-f", "-"], Some(&limited));
+    let (pa, pb) = (free_port(), free_port());
+    let (ua, ub) = (
+        format!("http://127.0.0.1:{pa}"),
+        format!("http://127.0.0.1:{pb}"),
+    );
+    let _ra = s.router_named("router-a", pa, &kubeconfig);
+    let _rb = s.router_named("router-b", pb, &kubeconfig);
+    // Each replica: its first success proves it has the tenant, then 2 more fit its bucket
+    // of 3 and 2 are refused.
+    for url in [&ua, &ub] {
+        until_served(url, SCENARIO_KEY).await;
+        let (ok, refused) = send_counting(url, 4).await;
+        assert_eq!((ok, refused), (2, 2), "replica {url}");
+    }
+    let operator = s.operator_for("op-tenant-1", &[&ua, &ub], false, free_port());
+    let status = tenant_status_until(&s, Duration::from_secs(20), "rejected = 4", |st| {
+        st["rejected"] == 4
+    })
+    .await;
+    let usage = status["usage"].as_array().expect("usage in status");
+    let rpm = usage
+        .iter()
+        .find(|u| u["limit"] == "rpm")
+        .unwrap_or_else(|| panic!("no rpm usage: {status}"));
+    assert_eq!(rpm["dimension"], "requests", "{status}");
+    assert_eq!(
+        rpm["used"], 6,
+        "both replicas' buckets are drained: {status}"
+    );
+    assert_eq!(rpm["amount"], 6, "two in-process buckets of 3: {status}");
+    assert_eq!(rpm["remaining"], 0, "{status}");
+    assert_eq!(rpm["window"], "600s", "{status}");
+    assert_eq!(status["throttled"], 0, "{status}");
+    assert_eq!(
+        status["counted"].as_array().map(Vec::len),
+        Some(2),
+        "{status}"
+    );
+    // Ticks with nothing new change nothing.
+    tokio::time::sleep(Duration::from_secs(INTERVAL_SECS + 1)).await;
+    let again = s.get("tenantquota", "e2e-tenant")["status"].clone();
+    assert_eq!(again["rejected"], 4, "{again}");
+
+    // A new operator process resumes from status.counted: 3 more refusals make 7, not 11.
+    drop(operator);
+    let (ok, refused) = send_counting(&ua, 3).await;
+    assert_eq!((ok, refused), (0, 3));
+    let _operator = s.operator_for("op-tenant-2", &[&ua, &ub], false, free_port());
+    tokio::time::sleep(Duration::from_secs(INTERVAL_SECS + 1)).await;
+    let status = tenant_status_until(&s, Duration::from_secs(20), "rejected = 7", |st| {
+        st["rejected"] == 7
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(INTERVAL_SECS)).await;
+    let settled = s.get("tenantquota", "e2e-tenant")["status"].clone();
+    assert_eq!(settled["rejected"], 7, "counted once: {settled}");
+    assert_eq!(status["conditions"][0]["type"], "Ready", "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,10 @@
 //!  "providers":{"team-a/anthropic-east":{"successes":120,"cancelled":3,"inFlight":2,
 //!    "errors":{"capacity":4,"server":1},"slow":7}}}
 //! ```
+//! Since issue 17 the report also carries `tenants` (per TenantQuota: cumulative `throttled`
+//! and `rejected`, and `usage` of its own limits now) and `quotaStore` (`redis`, `in_process`
+//! or `local_fallback`), from which the operator writes `TenantQuota.status` in a cluster.
+//!
 //! `errors` is keyed by the error class names of `switchyard_core::classify::ErrorClass`
 //! (`capacity`, `overload`, `timeout`, `connect`, `server`, `auth`, `policy`, `request`,
 //! `deadline`); a missing class is 0.
@@ -36,6 +40,35 @@ pub struct OutcomeReport {
     /// Counters per provider, keyed by `namespace/name` of the LLMProvider.
     #[serde(default)]
     pub providers: BTreeMap<String, ProviderOutcomes>,
+    /// Per TenantQuota (`namespace/name`): its throttled / rejected counters and the usage of
+    /// its own limits. Absent in older routers' reports.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, TenantOutcomes>,
+    /// Where the usage figures come from: `redis` (shared by every replica, so any one
+    /// replica's figures are the fleet's), `in_process` or `local_fallback` (this replica's
+    /// own buckets; the operator adds them up). Absent = `in_process`.
+    #[serde(default = "in_process", skip_serializing_if = "String::is_empty")]
+    pub quota_store: String,
+}
+
+fn in_process() -> String {
+    "in_process".to_owned()
+}
+
+/// One tenant on one replica: cumulative counts since the process started, and the usage of
+/// the tenant's own limits now (`crate::tenant::LimitUsage`, as in `TenantQuota.status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantOutcomes {
+    /// Requests that waited in the tenant's queue.
+    #[serde(default)]
+    pub throttled: u64,
+    /// Requests refused because of the tenant's limits or queue.
+    #[serde(default)]
+    pub rejected: u64,
+    /// Usage per own limit, in the store's current window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usage: Vec<crate::tenant::LimitUsage>,
 }
 
 /// Cumulative counters of one provider on one replica.

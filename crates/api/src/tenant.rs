@@ -120,12 +120,19 @@ pub struct TenantQuotaStatus {
     /// Usage per limit in the current window.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub usage: Vec<LimitUsage>,
-    /// Requests that waited in a queue.
+    /// Requests that waited in a queue: since the router started (standalone), or over the
+    /// whole fleet since the operator first counted it (cluster; see `counted`).
     #[serde(default)]
     pub throttled: u64,
-    /// Requests rejected by a limit of this tenant.
+    /// Requests rejected by a limit of this tenant (same scope as `throttled`).
     #[serde(default)]
     pub rejected: u64,
+    /// Cluster mode: how far the operator has counted each live router replica's
+    /// `throttled` / `rejected` into the totals above, so a new leader or a missed interval
+    /// counts every request exactly once. Written by the operator only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub counted: Vec<TenantCounted>,
     /// When the figures were taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_update_time: Option<Time>,
@@ -136,6 +143,25 @@ pub struct TenantQuotaStatus {
     /// The `metadata.generation` this status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// One router replica's tenant counters as far as the operator has counted them (the
+/// figures of that replica's `GET /outcomes`, `crate::outcomes::TenantOutcomes`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantCounted {
+    /// Replica identity as the router reports it (pod name, or host name outside a cluster).
+    #[schemars(length(min = 1, max = 253))]
+    pub replica: String,
+    /// The replica process's start time (RFC 3339); another start time means it restarted.
+    #[schemars(length(min = 1, max = 64))]
+    pub started_at: String,
+    /// Throttled requests counted.
+    #[serde(default)]
+    pub throttled: u64,
+    /// Rejected requests counted.
+    #[serde(default)]
+    pub rejected: u64,
 }
 
 /// Usage of one limit of this tenant (its own limits, not its ancestors'), as the quota store

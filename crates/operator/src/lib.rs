@@ -15,6 +15,7 @@
 //! - [`validate`]: reference and Secret checks (the loader's, reused), per object.
 //! - [`status`]: the wanted CRD status, same shapes and meanings as the standalone router's.
 //! - [`outcomes`]: replica discovery (EndpointSlices or a static list), scraping, deltas, resets.
+//! - [`tenants`]: TenantQuota throttled / rejected totals and usage from the replicas' reports.
 //! - [`control`]: one `AvailabilityController` per provider; the interval.
 //! - [`operator`]: the shared state and the two writers (per-object sync, control tick).
 //! - [`controllers`]: kube-runtime controllers, triggers, Secret index, health and metrics.
@@ -37,6 +38,7 @@ pub mod operator;
 pub mod outcomes;
 pub mod probes;
 pub mod status;
+pub mod tenants;
 pub mod validate;
 
 pub use controllers::{LeaseOptions, Options, run, run_with};

@@ -22,7 +22,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use switchyard_api::common::{condition, field_manager, reason};
+use switchyard_api::outcomes::OutcomeReport;
 use switchyard_api::provider::ReplicaCounted;
+use switchyard_api::tenant::LimitUsage;
 use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota};
 
 use crate::control::ControlState;
@@ -35,6 +37,7 @@ use crate::status::{
     availability_of, degraded_flag, key_of, needs_write, policy_status, provider_status,
     strip_timestamps, tenant_status,
 };
+use crate::tenants::{self, Book};
 use crate::validate::{Judge, SecretAccess, SecretIndex, Verdicts, World};
 
 /// Locks a mutex, recovering from poisoning: every critical section leaves its data whole.
@@ -138,6 +141,9 @@ pub struct Operator {
     failures: Mutex<HashMap<String, u32>>,
     recent: Mutex<HashMap<String, (serde_json::Value, tokio::time::Instant)>>,
     probes: Probes,
+    /// Per TenantQuota key: the counts and usage this leader computed last (ahead of its watch
+    /// cache, which may not have seen the last write yet).
+    tenant_books: Mutex<HashMap<String, (Book, Vec<LimitUsage>)>>,
     /// Metrics served on `/metrics`.
     pub metrics: Metrics,
 }
@@ -182,6 +188,7 @@ impl Operator {
             failures: Mutex::new(HashMap::new()),
             recent: Mutex::new(HashMap::new()),
             probes: Probes::new(false),
+            tenant_books: Mutex::new(HashMap::new()),
             metrics: Metrics::new(),
         }
     }
@@ -292,6 +299,7 @@ impl Operator {
     pub async fn step_down(&self) {
         lock(&self.control).clear();
         lock(&self.recent).clear();
+        lock(&self.tenant_books).clear();
         self.probes.clear();
         self.collector.lock().await.clear();
     }
@@ -426,8 +434,10 @@ impl Operator {
         Ok(synced)
     }
 
-    /// Computes and, when needed, writes the status of one TenantQuota (`Ready` and
-    /// `observedGeneration` only; usage figures are not the operator's).
+    /// Computes and, when needed, writes the status of one TenantQuota: `Ready`,
+    /// `observedGeneration`, and the fleet's `usage`, `throttled`, `rejected` and `counted`
+    /// as the last control tick computed them ([`crate::tenants`]; the stored figures until
+    /// this leader has ticked).
     ///
     /// # Errors
     /// [`Error::WriteStatus`] when the patch fails.
@@ -438,12 +448,48 @@ impl Operator {
         let verdicts = self.verdicts();
         let (ns, name) = names(t);
         let now = (self.settings.clock)();
-        let wanted = tenant_status(t, verdicts.problems("TenantQuota", &ns, &name), now);
-        let body = json!({
-            "conditions": wanted.conditions,
-            "observedGeneration": wanted.observed_generation,
-        });
+        let mut wanted = tenant_status(t, verdicts.problems("TenantQuota", &ns, &name), now);
+        if let Some((book, usage)) = lock(&self.tenant_books).get(&format!("{ns}/{name}")) {
+            wanted.throttled = book.throttled;
+            wanted.rejected = book.rejected;
+            wanted.counted = book.counted.clone();
+            wanted.usage = usage.clone();
+            wanted.last_update_time = Some(crate::status::time(now));
+        }
+        let body = serde_json::to_value(&wanted).unwrap_or_default();
         self.apply(t, t.status.as_ref(), &wanted, body, false).await
+    }
+
+    /// Takes this round's reports into every tenant's book (see [`crate::tenants`]).
+    /// `discovered`: the replica list was read (not a failed EndpointSlice list). Only a
+    /// round in which the list was read and every replica on it answered can tell that a
+    /// replica is gone; with no report at all, the previous usage figures stay.
+    fn count_tenants(&self, tenants: &[Arc<TenantQuota>], collected: &Collected, discovered: bool) {
+        let reports: Vec<&OutcomeReport> = collected.reports.iter().collect();
+        let complete = discovered && collected.unreachable.is_empty() && !reports.is_empty();
+        let mut books = lock(&self.tenant_books);
+        let mut next = HashMap::new();
+        for t in tenants {
+            let (ns, name) = names(&**t);
+            let key = format!("{ns}/{name}");
+            let stored = Book::from_status(t.status.as_ref());
+            let (base, before) = books
+                .get(&key)
+                .map_or((&stored, None), |(b, u)| (b, Some(u)));
+            let book = base.absorb(&key, &reports, complete);
+            let usage = if reports.is_empty() {
+                before.cloned().unwrap_or_else(|| {
+                    t.status
+                        .as_ref()
+                        .map(|s| s.usage.clone())
+                        .unwrap_or_default()
+                })
+            } else {
+                tenants::fleet_usage(&key, &reports)
+            };
+            next.insert(key, (book, usage));
+        }
+        *books = next;
     }
 
     async fn apply<K, S>(
@@ -615,6 +661,18 @@ impl Operator {
         }
         for policy in &policies {
             match self.sync_policy_with(policy, &verdicts).await {
+                Ok(Synced::Written) => report.written += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "status write failed; retried next interval");
+                    report.failed += 1;
+                }
+            }
+        }
+        let tenants = self.stores.tenants.state();
+        self.count_tenants(&tenants, &collected, report.discovery_error.is_none());
+        for t in &tenants {
+            match self.sync_tenant(t).await {
                 Ok(Synced::Written) => report.written += 1,
                 Ok(_) => {}
                 Err(e) => {

@@ -191,6 +191,9 @@ pub struct Collected {
     pub scraped: BTreeMap<String, ReplicaState>,
     /// Replicas that could not be scraped, by address, with the reason.
     pub unreachable: BTreeMap<String, String>,
+    /// The reports of this round, as received (their tenants go into TenantQuota status,
+    /// `crate::tenants`).
+    pub reports: Vec<OutcomeReport>,
 }
 
 /// Checkpoints read from status: provider key (`namespace/name`) → replica name → counted
@@ -310,6 +313,7 @@ impl Collector {
         checkpoints: &Checkpoints,
         into: &mut Collected,
     ) {
+        into.reports.push(report.clone());
         let state = match self.last.get(address) {
             Some(prev) if reset(prev, &report) => {
                 for (key, counters) in &report.providers {

@@ -451,7 +451,8 @@ async fn broken_references_give_specific_reasons_naming_the_missing_object() {
         msg.contains("no-such-parent") && msg.contains("no-such-route"),
         "{msg}"
     );
-    // The tenant patch carries only what the operator owns.
+    // The tenant patch carries what the operator owns: conditions and the fleet's counts
+    // (zero here: no router reported anything; no usage, no checkpoints).
     let body = h
         .fake
         .status_patches(&tenant_path("orphan"))
@@ -460,7 +461,10 @@ async fn broken_references_give_specific_reasons_naming_the_missing_object() {
         .body
         .unwrap();
     let keys: Vec<&String> = body["status"].as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["conditions", "observedGeneration"]);
+    assert_eq!(
+        keys,
+        ["conditions", "observedGeneration", "rejected", "throttled"]
+    );
     let loop_a = last_status(&h.fake, &tenant_path("loop-a"));
     assert_eq!(cond(&loop_a, "Ready")["reason"], "InvalidSpec");
     assert!(

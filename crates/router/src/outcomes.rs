@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use switchyard_api::outcomes::{OutcomeReport, ProviderOutcomes};
+use switchyard_api::outcomes::{OutcomeReport, ProviderOutcomes, TenantOutcomes};
 use switchyard_core::classify::ErrorClass;
 use switchyard_core::time::Instant;
 
@@ -75,10 +75,25 @@ pub fn provider_outcomes(c: &OutcomeCounters) -> ProviderOutcomes {
     }
 }
 
-/// The report of this router now: every provider of the current configuration, keyed
-/// `namespace/name`.
-pub fn report(app: &App) -> OutcomeReport {
+/// The report of this router now: every provider and tenant of the current configuration,
+/// keyed `namespace/name`, with the tenants' usage read from the quota store.
+pub async fn report(app: &App) -> OutcomeReport {
+    let mut usage = crate::status::tenant_usage(app).await;
     let live = app.runtime.live();
+    let tenants = live
+        .table
+        .tenants
+        .iter()
+        .map(|t| {
+            let counts = app.broker.tenant_counts(&t.key);
+            let outcomes = TenantOutcomes {
+                throttled: counts.throttled,
+                rejected: counts.rejected,
+                usage: usage.remove(&t.key).unwrap_or_default(),
+            };
+            (t.key.clone(), outcomes)
+        })
+        .collect();
     let providers = live
         .table
         .providers
@@ -90,10 +105,12 @@ pub fn report(app: &App) -> OutcomeReport {
         replica: replica_identity(),
         started_at: started_at(app),
         providers,
+        tenants,
+        quota_store: app.broker.store().mode().label().to_owned(),
     }
 }
 
 /// `GET /outcomes`.
 pub async fn handler(State(app): State<Arc<App>>) -> Response {
-    axum::Json(report(&app)).into_response()
+    axum::Json(report(&app).await).into_response()
 }

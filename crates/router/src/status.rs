@@ -408,6 +408,7 @@ pub fn snapshot_with_usage(app: &App, usage: &HashMap<String, Vec<LimitUsage>>) 
                         usage: usage.get(&tenant.key).cloned().unwrap_or_default(),
                         throttled: counts.throttled,
                         rejected: counts.rejected,
+                        counted: Vec::new(),
                         last_update_time: Some(time(now)),
                         conditions: vec![ready],
                         observed_generation: tenant.generation,
