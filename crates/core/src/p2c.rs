@@ -94,7 +94,7 @@ const MIN_ERROR_ALPHA: f64 = 0.05;
 pub struct LoadStats {
     /// Peak-EWMA latency in seconds, `None` before the first sample.
     latency_s: Option<f64>,
-    /// EWMA of the failure indicator, in [0,1].
+    /// EWMA of the failure indicator, in `[0, 1]`.
     error_rate: f64,
     /// Requests started and not yet finished; never negative (saturating).
     in_flight: u32,
@@ -133,7 +133,7 @@ impl LoadStats {
             .and_then(|s| Duration::try_from_secs_f64(s).ok())
     }
 
-    /// Error-rate EWMA without idle decay, in [0,1].
+    /// Error-rate EWMA without idle decay, in `[0, 1]`.
     pub fn raw_error_rate(&self) -> f64 {
         self.error_rate
     }

@@ -256,28 +256,30 @@ pub fn upstream_headers(attempt: &Span, client: &TraceHeaders) -> HeaderMap {
 }
 
 /// Finish reasons of a non-streamed answer in the client's dialect (`choices[].finish_reason`
-/// for OpenAI, `stop_reason` for Anthropic); empty when there are none. Parses the body, so it
-/// is called only when the span is exported.
+/// for OpenAI, `stop_reason` for Anthropic); empty when there are none. Called only when the
+/// span is exported; it deserializes into the two fields it needs (serde skips the rest
+/// without building a JSON tree), one linear pass over the body.
 pub fn finish_reasons(op: ClientOp, body: &[u8]) -> Vec<String> {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+    #[derive(serde::Deserialize)]
+    struct Choice {
+        finish_reason: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(default)]
+        choices: Vec<Choice>,
+        stop_reason: Option<String>,
+    }
+    let Ok(answer) = serde_json::from_slice::<Answer>(body) else {
         return Vec::new();
     };
     match op {
-        ClientOp::Messages => v
-            .get("stop_reason")
-            .and_then(serde_json::Value::as_str)
-            .map(|s| vec![s.to_owned()])
-            .unwrap_or_default(),
-        _ => v
-            .get("choices")
-            .and_then(serde_json::Value::as_array)
-            .map(|choices| {
-                choices
-                    .iter()
-                    .filter_map(|c| c.get("finish_reason")?.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        ClientOp::Messages => answer.stop_reason.into_iter().collect(),
+        _ => answer
+            .choices
+            .into_iter()
+            .filter_map(|c| c.finish_reason)
+            .collect(),
     }
 }
 
