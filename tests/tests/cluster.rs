@@ -847,11 +847,23 @@ async fn status_until(
     s: &Scenario,
     limit: Duration,
     what: &str,
+    done: impl FnMut(&Value) -> bool,
+) -> Value {
+    object_status_until(s, "llmprovider", "e2e-mock", limit, what, done).await
+}
+
+/// Waits until the status of `kind/name` in the scenario's namespace satisfies `done`.
+async fn object_status_until(
+    s: &Scenario,
+    kind: &str,
+    name: &str,
+    limit: Duration,
+    what: &str,
     mut done: impl FnMut(&Value) -> bool,
 ) -> Value {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let status = s.provider_status();
+        let status = s.get(kind, name)["status"].clone();
         if done(&status) {
             return status;
         }
@@ -918,25 +930,17 @@ async fn send_counting(url: &str, n: u64) -> (u64, u64) {
     (ok, limited)
 }
 
-/// Waits until the TenantQuota's status satisfies `done`.
-async fn tenant_status_until(
-    s: &Scenario,
-    limit: Duration,
-    what: &str,
-    mut done: impl FnMut(&Value) -> bool,
-) -> Value {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let status = s.get("tenantquota", "e2e-tenant")["status"].clone();
-        if done(&status) {
-            return status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}; last status: {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// Waits up to 20 s until the TenantQuota's status satisfies `done`.
+async fn tenant_status_until(s: &Scenario, what: &str, done: impl FnMut(&Value) -> bool) -> Value {
+    object_status_until(
+        s,
+        "tenantquota",
+        "e2e-tenant",
+        Duration::from_secs(20),
+        what,
+        done,
+    )
+    .await
 }
 
 /// Issue 17 item 5 in a cluster: two router replicas (in-process quota stores, so each holds
@@ -970,10 +974,7 @@ async fn cluster_tenant_usage_and_rejections_reach_tenantquota_status_exactly_on
         assert_eq!((ok, refused), (2, 2), "replica {url}");
     }
     let operator = s.operator_for("op-tenant-1", &[&ua, &ub], false, free_port());
-    let status = tenant_status_until(&s, Duration::from_secs(20), "rejected = 4", |st| {
-        st["rejected"] == 4
-    })
-    .await;
+    let status = tenant_status_until(&s, "rejected = 4", |st| st["rejected"] == 4).await;
     let usage = status["usage"].as_array().expect("usage in status");
     let rpm = usage
         .iter()
@@ -1004,10 +1005,7 @@ async fn cluster_tenant_usage_and_rejections_reach_tenantquota_status_exactly_on
     assert_eq!((ok, refused), (0, 3));
     let _operator = s.operator_for("op-tenant-2", &[&ua, &ub], false, free_port());
     tokio::time::sleep(Duration::from_secs(INTERVAL_SECS + 1)).await;
-    let status = tenant_status_until(&s, Duration::from_secs(20), "rejected = 7", |st| {
-        st["rejected"] == 7
-    })
-    .await;
+    let status = tenant_status_until(&s, "rejected = 7", |st| st["rejected"] == 7).await;
     tokio::time::sleep(Duration::from_secs(INTERVAL_SECS)).await;
     let settled = s.get("tenantquota", "e2e-tenant")["status"].clone();
     assert_eq!(settled["rejected"], 7, "counted once: {settled}");
