@@ -105,6 +105,20 @@ pub struct TickReport {
     pub discovery_error: Option<String>,
 }
 
+impl TickReport {
+    /// Counts one status sync of the tick: written, or failed (logged; retried next tick).
+    fn tally(&mut self, synced: Result<Synced, Error>) {
+        match synced {
+            Ok(Synced::Written) => self.written += 1,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "status write failed; retried next interval");
+                self.failed += 1;
+            }
+        }
+    }
+}
+
 /// Settings of an [`Operator`] besides its client and caches.
 #[derive(Clone)]
 pub struct Settings {
@@ -650,36 +664,15 @@ impl Operator {
         self.metrics.ticks.inc();
         let verdicts = self.verdicts();
         for p in &providers {
-            match self.sync_provider_with(p, &verdicts).await {
-                Ok(Synced::Written) => report.written += 1,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "status write failed; retried next interval");
-                    report.failed += 1;
-                }
-            }
+            report.tally(self.sync_provider_with(p, &verdicts).await);
         }
         for policy in &policies {
-            match self.sync_policy_with(policy, &verdicts).await {
-                Ok(Synced::Written) => report.written += 1,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "status write failed; retried next interval");
-                    report.failed += 1;
-                }
-            }
+            report.tally(self.sync_policy_with(policy, &verdicts).await);
         }
         let tenants = self.stores.tenants.state();
         self.count_tenants(&tenants, &collected, report.discovery_error.is_none());
         for t in &tenants {
-            match self.sync_tenant(t).await {
-                Ok(Synced::Written) => report.written += 1,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "status write failed; retried next interval");
-                    report.failed += 1;
-                }
-            }
+            report.tally(self.sync_tenant(t).await);
         }
         tracing::debug!(
             replicas = collected.scraped.len(),

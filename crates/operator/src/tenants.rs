@@ -100,15 +100,13 @@ impl Book {
                 }
             }
         }
-        next.counted
-            .sort_by(|a, b| (&a.replica, &a.started_at).cmp(&(&b.replica, &b.started_at)));
         if next.counted.len() > MAX_COUNTED {
             // Oldest processes first out: they are the likeliest to be gone.
             next.counted.sort_by(|a, b| b.started_at.cmp(&a.started_at));
             next.counted.truncate(MAX_COUNTED);
-            next.counted
-                .sort_by(|a, b| (&a.replica, &a.started_at).cmp(&(&b.replica, &b.started_at)));
         }
+        next.counted
+            .sort_by(|a, b| (&a.replica, &a.started_at).cmp(&(&b.replica, &b.started_at)));
         next
     }
 }
@@ -116,37 +114,35 @@ impl Book {
 /// The fleet's usage of tenant `key`'s own limits from this round's `reports` (see the module
 /// docs); empty when no replica reported any.
 pub fn fleet_usage(key: &str, reports: &[&OutcomeReport]) -> Vec<LimitUsage> {
-    let shared: Vec<&&OutcomeReport> = reports
-        .iter()
-        .filter(|r| r.quota_store == "redis")
-        .collect();
+    let usage_of = |r: &&OutcomeReport| -> Vec<LimitUsage> {
+        r.tenants
+            .get(key)
+            .map(|t| t.usage.clone())
+            .unwrap_or_default()
+    };
+    let shared = reports.iter().any(|r| r.quota_store == "redis");
     let mut by_limit: BTreeMap<String, LimitUsage> = BTreeMap::new();
-    if !shared.is_empty() {
-        for r in shared {
-            for u in r.tenants.get(key).map_or(&[][..], |t| &t.usage[..]) {
-                match by_limit.get(&u.limit) {
-                    Some(have) if have.used >= u.used => {}
-                    _ => {
-                        by_limit.insert(u.limit.clone(), u.clone());
-                    }
+    let readings = reports
+        .iter()
+        .filter(|r| !shared || r.quota_store == "redis")
+        .flat_map(usage_of);
+    for u in readings {
+        match by_limit.get_mut(&u.limit) {
+            None => {
+                by_limit.insert(u.limit.clone(), u);
+            }
+            // One store read by every replica: keep the freshest reading.
+            Some(have) if shared => {
+                if u.used > have.used {
+                    *have = u;
                 }
             }
-        }
-    } else {
-        for r in reports {
-            for u in r.tenants.get(key).map_or(&[][..], |t| &t.usage[..]) {
-                match by_limit.get_mut(&u.limit) {
-                    Some(sum) => {
-                        sum.used = sum.used.saturating_add(u.used);
-                        sum.amount = sum.amount.saturating_add(u.amount);
-                        sum.remaining = sum.remaining.saturating_add(u.remaining);
-                        sum.reset_after_seconds =
-                            sum.reset_after_seconds.max(u.reset_after_seconds);
-                    }
-                    None => {
-                        by_limit.insert(u.limit.clone(), u.clone());
-                    }
-                }
+            // Each replica's own buckets: the fleet's figures are their sum.
+            Some(sum) => {
+                sum.used = sum.used.saturating_add(u.used);
+                sum.amount = sum.amount.saturating_add(u.amount);
+                sum.remaining = sum.remaining.saturating_add(u.remaining);
+                sum.reset_after_seconds = sum.reset_after_seconds.max(u.reset_after_seconds);
             }
         }
     }
