@@ -222,7 +222,15 @@ async fn request_and_attempt_spans_follow_the_clients_trace_with_genai_attribute
     assert_eq!(first["status"], "STATUS_CODE_ERROR");
     assert_eq!(attr(second, "switchyard.attempt"), 2);
     assert!(attr(second, "error.type").is_null(), "{second:#}");
-    assert_eq!(attr(second, "gen_ai.usage.output_tokens"), output);
+    // The served attempt's usage is on the request span only (recorded once).
+    assert!(
+        attr(second, "gen_ai.usage.output_tokens").is_null(),
+        "{second:#}"
+    );
+    assert!(
+        attr(second, "gen_ai.response.model").is_null(),
+        "{second:#}"
+    );
 
     // Each attempt's context reached the provider it went to: same trace, the attempt span as
     // the parent, and never the client's span id.

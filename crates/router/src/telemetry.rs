@@ -12,10 +12,13 @@
 //!   `gen_ai.response.finish_reasons`) and ours (`switchyard.route`, `switchyard.tenant`,
 //!   `switchyard.attempts`, `switchyard.outcome`);
 //! - one **attempt** span per upstream attempt (`SpanKind::Client`), with the provider's
-//!   conventions, `switchyard.provider`, `switchyard.chain.position` (0 = the chain's head),
+//!   conventions (`gen_ai.provider.name`, the upstream `gen_ai.request.model`),
+//!   `switchyard.provider`, `switchyard.chain.position` (0 = the chain's head),
 //!   `switchyard.attempt` (1-based), `switchyard.reservation.wait_ms` and, when it failed,
 //!   `switchyard.reason` and `error.type`. Its context is sent to the provider as
-//!   `traceparent` / `tracestate`.
+//!   `traceparent` / `tracestate`. The served attempt's usage, response model and finish
+//!   reasons are recorded once, on the request span (only one attempt per request can be
+//!   served, and every attribute costs the router CPU twice: recorded here, encoded at export).
 //!
 //! Prompts, completions and keys are never recorded. With tracing off, a client's
 //! `traceparent` and `tracestate` are forwarded to the provider unchanged, as a proxy that
@@ -57,29 +60,28 @@ impl Spans {
         }
     }
 
-    /// Records a successful attempt's usage and the provider's conventions on both spans.
+    /// Records a successful attempt's usage and finish reasons on the request span.
     pub fn succeeded(&self, usage: Option<&NormalizedUsage>, finish_reasons: &[String]) {
-        if self.request.is_disabled() {
+        let span = &self.request;
+        if span.is_disabled() {
             return;
         }
-        for span in [&self.request, &self.attempt] {
-            if let Some(u) = usage {
-                span.record("gen_ai.usage.input_tokens", int(u.input_total()));
-                span.record("gen_ai.usage.output_tokens", int(u.output));
-                span.record("gen_ai.usage.cache_read.input_tokens", int(u.cache_read));
-                span.record(
-                    "gen_ai.usage.cache_creation.input_tokens",
-                    int(u.cache_write),
-                );
-            }
-            if !finish_reasons.is_empty() {
-                let reasons: Vec<opentelemetry::StringValue> =
-                    finish_reasons.iter().map(|r| r.clone().into()).collect();
-                span.set_attribute(
-                    "gen_ai.response.finish_reasons",
-                    opentelemetry::Value::Array(reasons.into()),
-                );
-            }
+        if let Some(u) = usage {
+            span.record("gen_ai.usage.input_tokens", int(u.input_total()));
+            span.record("gen_ai.usage.output_tokens", int(u.output));
+            span.record("gen_ai.usage.cache_read.input_tokens", int(u.cache_read));
+            span.record(
+                "gen_ai.usage.cache_creation.input_tokens",
+                int(u.cache_write),
+            );
+        }
+        if !finish_reasons.is_empty() {
+            let reasons: Vec<opentelemetry::StringValue> =
+                finish_reasons.iter().map(|r| r.clone().into()).collect();
+            span.set_attribute(
+                "gen_ai.response.finish_reasons",
+                opentelemetry::Value::Array(reasons.into()),
+            );
         }
     }
 }
@@ -199,11 +201,6 @@ pub fn attempt_span(request: &Span, op: ClientOp, facts: AttemptFacts<'_>) -> Sp
         gen_ai.operation.name = operation,
         gen_ai.provider.name = provider_name(&facts.provider.api),
         gen_ai.request.model = facts.upstream_model,
-        gen_ai.response.model = tracing::field::Empty,
-        gen_ai.usage.input_tokens = tracing::field::Empty,
-        gen_ai.usage.output_tokens = tracing::field::Empty,
-        gen_ai.usage.cache_read.input_tokens = tracing::field::Empty,
-        gen_ai.usage.cache_creation.input_tokens = tracing::field::Empty,
         switchyard.provider = facts.provider.key.as_str(),
         switchyard.chain.position = int(facts.position as u64),
         switchyard.attempt = i64::from(facts.attempt),
@@ -231,11 +228,9 @@ pub fn attempt_failed(span: &Span, class: &str, code: Option<&str>, status: Opti
     }
 }
 
-/// Records the model that answered, on the attempt and request spans.
+/// Records the model that answered on the request span.
 pub fn response_model(spans: &Spans, model: &str) {
-    for span in [&spans.request, &spans.attempt] {
-        span.record("gen_ai.response.model", model);
-    }
+    spans.request.record("gen_ai.response.model", model);
 }
 
 /// The trace-context headers to send upstream for an attempt: the attempt span's context when
