@@ -1182,3 +1182,51 @@ async fn quota_tenant_status_shows_usage_throttled_and_rejected() {
     );
     assert_eq!(metric(&text, "switchyard_queue_depth", &[&tenant]), 0.0);
 }
+
+/// Issue 16 item 1: a router whose limits count only requests never loads the tokenizer's
+/// vocabulary, whatever it serves (chat, a stream, a translated Messages request); one whose
+/// limits count tokens has it loaded before it reports ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizer_is_loaded_only_when_a_limit_counts_tokens() {
+    let _g = serial().await;
+    let stack = Stack::start(
+        one_provider()
+            .tenant("limits: [{name: rpm, dimension: requests, amount: 1000, period: 60s}]"),
+    )
+    .await;
+    assert_eq!(stack.chat("e2e-chat", Some("p1")).await.status, 200);
+    let streamed = stack
+        .stream(
+            "/v1/chat/completions",
+            Some("p1"),
+            chat_body("e2e-chat", "hello there, stream me", true),
+        )
+        .await;
+    assert_eq!(streamed.status, 200);
+    let messages = send(stack.post("/v1/messages").json(&common::messages_body(
+        "e2e-chat",
+        "hello from messages",
+        false,
+    )))
+    .await;
+    assert_eq!(messages.status, 200, "{}", messages.body);
+    let metrics = stack.metrics().await;
+    assert_eq!(
+        metric(&metrics, "switchyard_tokenizer_loaded", &[]),
+        0.0,
+        "no limit counts tokens, yet the vocabulary was loaded"
+    );
+    drop(stack);
+
+    let stack =
+        Stack::start(one_provider().tenant(
+            "limits: [{name: itpm, dimension: inputTokens, amount: 100000000, period: 60s}]",
+        ))
+        .await;
+    let metrics = stack.metrics().await;
+    assert_eq!(
+        metric(&metrics, "switchyard_tokenizer_loaded", &[]),
+        1.0,
+        "ready with a token limit, but the vocabulary is not loaded"
+    );
+}

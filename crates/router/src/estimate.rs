@@ -659,6 +659,7 @@ static O200K: LazyLock<O200k> = LazyLock::new(|| {
             None => long.insert(bytes),
         };
     }
+    LOADED.store(true, std::sync::atomic::Ordering::Release);
     O200k {
         tokenizer,
         short,
@@ -676,10 +677,10 @@ pub fn approximate_tokens(text: &str) -> u64 {
 /// Loads the tokenizer now instead of on the first request (call at start-up).
 pub fn warm_up() {
     LazyLock::force(&O200K);
-    LOADED.store(true, std::sync::atomic::Ordering::Release);
 }
 
-/// Whether [`warm_up`] has completed (the vocabulary is in memory).
+/// Whether the vocabulary is in memory: set once it has been loaded, by [`warm_up`] or by
+/// the first exact count, and never cleared (exported as `switchyard_tokenizer_loaded`).
 pub fn is_loaded() -> bool {
     LOADED.load(std::sync::atomic::Ordering::Acquire)
 }

@@ -170,6 +170,9 @@ pub struct Metrics {
     pub config_stale_seconds: Gauge<f64, AtomicU64>,
     /// 1 when the process serves requests without an API key (`--allow-anonymous`), else 0.
     pub anonymous_access: Gauge,
+    /// 1 once the `o200k_base` vocabulary is in memory (~70 MB), else 0; stays 0 while
+    /// nothing configured counts tokens (issue 16 item 1).
+    pub tokenizer_loaded: Gauge,
 }
 
 impl Metrics {
@@ -194,6 +197,7 @@ impl Metrics {
             kube_watch_healthy: Family::default(),
             config_stale_seconds: Gauge::default(),
             anonymous_access: Gauge::default(),
+            tokenizer_loaded: Gauge::default(),
             tenant_charged: Family::default(),
             quota_decisions: Family::default(),
             reservations_in_flight: Gauge::default(),
@@ -322,6 +326,11 @@ impl Metrics {
             "anonymous_access_allowed",
             "1 when requests without an API key are served (--allow-anonymous), else 0",
             m.anonymous_access.clone(),
+        );
+        registry.register(
+            "tokenizer_loaded",
+            "1 once the tokenizer's vocabulary is in memory (only needed when a limit counts tokens), else 0",
+            m.tokenizer_loaded.clone(),
         );
         Metrics { registry, ..m }
     }

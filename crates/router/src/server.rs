@@ -189,6 +189,9 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
             })
             .set(i64::from(m == mode));
     }
+    app.metrics
+        .tokenizer_loaded
+        .set(i64::from(crate::estimate::is_loaded()));
     let mut response = app.metrics.encode().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
