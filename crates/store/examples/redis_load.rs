@@ -1,6 +1,6 @@
 //! Load program for the Redis quota store: reservations per second at a given concurrency
-//! against a local redis-server, each reservation one script round trip and each
-//! reconciliation another (issue 5 target: ≥ 20,000 reservations/s at concurrency 32).
+//! against a local redis-server, reservations and reconciliations batched into
+//! script calls (see `remote.rs`) (issue 5 target: ≥ 20,000 reservations/s at concurrency 32).
 //!
 //! Run: `cargo run --release -p switchyard-store --example redis_load -- [concurrency]
 //! [seconds] [replicas] [url]`. Defaults: 32 workers, 10 s, 1 store (one multiplexed
@@ -176,10 +176,27 @@ async fn main() {
         "concurrency {concurrency}, {replicas} store(s), {seconds} s, 5 buckets per reservation"
     );
     println!(
-        "reservations (reserve + reconcile pairs): {pairs} in {elapsed:.2} s = {:.0}/s; round trips {:.0}/s",
+        "reservations (reserve + reconcile pairs): {pairs} in {elapsed:.2} s = {:.0}/s; script items {:.0}/s",
         pairs as f64 / elapsed,
         2.0 * pairs as f64 / elapsed
     );
+    let batches =
+        stores
+            .iter()
+            .filter_map(QuotaStore::redis_batches)
+            .fold([(0, 0); 2], |acc, b| {
+                [
+                    (acc[0].0 + b[0].0, acc[0].1 + b[0].1),
+                    (acc[1].0 + b[1].0, acc[1].1 + b[1].1),
+                ]
+            });
+    for (what, (calls, items)) in ["reserve", "settle"].into_iter().zip(batches) {
+        println!(
+            "{what}: {calls} script calls ({:.0}/s), {:.1} items per call",
+            calls as f64 / elapsed,
+            items as f64 / calls.max(1) as f64
+        );
+    }
     println!(
         "reserve latency µs: p50 {} p90 {} p99 {} max {}",
         percentile(&lat, 0.5),

@@ -3,9 +3,11 @@
 //!
 //! **Backends.** [`QuotaStore::in_process`] wraps a core [`Ledger`](switchyard_core::quota::Ledger)
 //! in a mutex (one router). [`QuotaStore::redis`] keeps the buckets in Redis for several router
-//! replicas: one Lua script per reservation checks every bucket and debits all or none, one
-//! per settlement credits back exactly what the reservation record says was debited, each a
-//! single round trip (`EVALSHA`). Scripts read Redis's own clock (`TIME`) so replicas agree on
+//! replicas: a Lua script checks every bucket of a reservation and debits all or none, another
+//! credits back at settlement exactly what the reservation record says was debited (`EVALSHA`).
+//! Reservations and settlements waiting at the same time travel together, one script call
+//! per batch (group commit; see `remote.rs`), so a loaded store pays the call and the shared
+//! bucket reads once per batch instead of once per item. Scripts read Redis's own clock (`TIME`) so replicas agree on
 //! refill; fixed-window boundaries (reset time, time zone, DST) are computed in Rust by core's
 //! [`Rule::window_at`](switchyard_core::quota::Rule::window_at) and passed in.
 //!
@@ -114,7 +116,7 @@ impl StoreMode {
 
 /// Errors of the Redis store. Reservations never return these: a failing Redis switches the
 /// store to [`StoreMode::LocalFallback`] instead.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The URL could not be parsed.
     #[error("invalid redis url: {0}")]
@@ -965,6 +967,15 @@ impl QuotaStore {
     /// ticket counts until its spawned release has finished).
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Batching on Redis: `(script calls, items)` sent so far for reservations, then for
+    /// settlements (their ratio is the mean batch size); `None` for the in-process store.
+    pub fn redis_batches(&self) -> Option<[(u64, u64); 2]> {
+        match &self.shared.backend {
+            Backend::Redis(r) => Some(r.remote.batch_stats()),
+            Backend::InProcess(_) => None,
+        }
     }
 
     /// Claims an `Idempotency-Key` (already scoped by the caller, e.g. tenant and key) in the

@@ -1,5 +1,14 @@
-//! The Redis backend: one Lua script per reservation and one per settlement (EVALSHA through
+//! The Redis backend: reservations and settlements run as Lua scripts (EVALSHA through
 //! [`redis::Script`], which loads the script on `NOSCRIPT`), all keys under one hash tag.
+//!
+//! Reservations and settlements are batched (group commit): each kind has a task that sends
+//! whatever is waiting as one script call as soon as fewer than [`MAX_IN_FLIGHT`] calls of its
+//! kind are out, at most [`MAX_BATCH`] items each. An idle store therefore sends every item
+//! alone at once (no added latency), and a loaded one amortises the script call, the `TIME`
+//! read and the `HMGET`/`HSET` of the shared bucket hash over the batch: a bucket named by
+//! several items is read and written once, debited or credited by each in item order. Items
+//! keep their own answers; a failed or late call fails every item in it. Redis runs each
+//! script atomically, so a batch is as if its items had run one after another.
 //!
 //! Key layout (prefix `p`): `{p}:buckets` hash of token and window states (field
 //! `{p}:b:<bucket key>`, so one `HMGET` reads all buckets of a reservation and one `HSET`
@@ -11,13 +20,17 @@
 //! `{p}:signals`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use redis::aio::ConnectionManager;
-use redis::{Script, ScriptInvocation};
+use redis::{Script, ScriptInvocation, Value};
 use switchyard_core::quota::{BucketSpec, RateFigures, Rule};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::StoreError;
 
@@ -26,6 +39,18 @@ const TWO_POW_53: u128 = 1 << 53;
 
 /// Arguments per bucket in the scripts (`GROUP` in `lua/buckets.lua`).
 const GROUP: usize = 8;
+
+/// Most items in one batched script call (a few thousand arguments at five buckets each).
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// Batched calls of one kind (reservations or settlements) out at once per store. More than
+/// one keeps the connection's pipeline busy while a batch is on the wire; few enough that
+/// batches form under load.
+pub(crate) const MAX_IN_FLIGHT: usize = 1;
+
+/// Items waiting for a batch, per kind; a full queue makes callers wait (within their op
+/// timeout).
+const QUEUE_DEPTH: usize = 4096;
 
 /// What the reservation script answered.
 #[derive(Debug)]
@@ -58,8 +83,8 @@ pub(crate) struct Remote {
     state_key: String,
     pub(crate) channel: String,
     signals_key: String,
-    reserve: Script,
-    settle: Script,
+    reserve: Batcher,
+    settle: Batcher,
     figures: Script,
     signal: Script,
     renew: Script,
@@ -80,13 +105,23 @@ impl Remote {
     pub(crate) fn new(conn: ConnectionManager, prefix: &str, op_timeout: Duration) -> Self {
         let script = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
         Remote {
-            conn,
+            conn: conn.clone(),
             tag: format!("{{{prefix}}}"),
             state_key: format!("{{{prefix}}}:buckets"),
             channel: format!("{{{prefix}}}:signals"),
             signals_key: format!("{{{prefix}}}:signals"),
-            reserve: script(include_str!("lua/reserve.lua")),
-            settle: script(include_str!("lua/settle.lua")),
+            reserve: Batcher::spawn(
+                conn.clone(),
+                script(include_str!("lua/reserve.lua")),
+                format!("{{{prefix}}}:buckets"),
+                op_timeout,
+            ),
+            settle: Batcher::spawn(
+                conn,
+                script(include_str!("lua/settle.lua")),
+                format!("{{{prefix}}}:buckets"),
+                op_timeout,
+            ),
             figures: script(include_str!("lua/figures.lua")),
             signal: script(include_str!("lua/signal.lua")),
             renew: script(include_str!("lua/renew.lua")),
@@ -133,34 +168,45 @@ impl Remote {
         }
     }
 
-    fn push_buckets(
+    /// One batch item: the reservation's record and tombstone keys, its id, `ms` (a ttl) and
+    /// its buckets, each with its argument group (the amount in slot 1; see `batch_items` in
+    /// `lua/buckets.lua`).
+    fn item(
         &self,
-        inv: &mut ScriptInvocation<'_>,
         id: &str,
         asks: &[Ask<'_>],
-        head: &[String],
+        ms: u64,
         lease: Duration,
         wall: DateTime<Utc>,
-    ) {
-        inv.key(self.record_key(id));
-        inv.key(&self.state_key);
-        for a in asks {
-            inv.key(self.bucket_key(a.spec));
+    ) -> Item {
+        let buckets = asks
+            .iter()
+            .map(|a| {
+                let mut g = group(a, wall);
+                if !lease.is_zero() && matches!(a.spec.rule, Rule::Concurrency { .. }) {
+                    // The slot lease travels in the concurrency group's first free slot (b+3).
+                    g[3] = clamp_i64(millis(lease));
+                }
+                (self.bucket_key(a.spec), g)
+            })
+            .collect();
+        Item {
+            record: self.record_key(id),
+            tomb: self.tomb_key(id),
+            id: id.to_owned(),
+            ms,
+            buckets,
         }
-        inv.key(self.tomb_key(id));
-        for h in head {
-            inv.arg(h);
-        }
-        for a in asks {
-            let mut g = group(a, wall);
-            if !lease.is_zero() && matches!(a.spec.rule, Rule::Concurrency { .. }) {
-                // The slot lease travels in the concurrency group's first free slot (b+3).
-                g[3] = clamp_i64(millis(lease));
-            }
-            for v in g {
-                inv.arg(v);
-            }
-        }
+    }
+
+    /// `(script calls, items)` sent so far for reservations and for settlements.
+    pub(crate) fn batch_stats(&self) -> [(u64, u64); 2] {
+        [&self.reserve, &self.settle].map(|b| {
+            (
+                b.stats.calls.load(Ordering::Relaxed),
+                b.stats.items.load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// Runs the reservation script; when admitted, the reservation is recorded under `id`.
@@ -173,11 +219,8 @@ impl Remote {
         lease: Duration,
         wall: DateTime<Utc>,
     ) -> Result<Reply, StoreError> {
-        let ttl_ms = millis(ttl);
-        let mut inv = self.reserve.prepare_invoke();
-        let head = [asks.len().to_string(), id.to_owned(), ttl_ms.to_string()];
-        self.push_buckets(&mut inv, id, asks, &head, lease, wall);
-        let reply: Vec<i64> = self.run(&inv).await?;
+        let item = self.item(id, asks, millis(ttl), lease, wall);
+        let reply: Vec<i64> = self.reserve.call(item).await?;
         match reply.as_slice() {
             [2] => Ok(Reply::Cancelled),
             [1, figures @ ..] if figures.len() == 3 * asks.len() => Ok(Reply::Admitted(
@@ -214,15 +257,13 @@ impl Remote {
         tombstone: Duration,
         wall: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let mut inv = self.settle.prepare_invoke();
         let tomb = if tombstone.is_zero() {
             0
         } else {
             millis(tombstone)
         };
-        let head = [asks.len().to_string(), id.to_owned(), tomb.to_string()];
-        self.push_buckets(&mut inv, id, asks, &head, Duration::ZERO, wall);
-        let reply: i64 = self.run(&inv).await?;
+        let item = self.item(id, asks, tomb, Duration::ZERO, wall);
+        let reply: i64 = self.settle.call(item).await?;
         Ok(reply == 1)
     }
 
@@ -357,6 +398,197 @@ impl Remote {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(StoreError::Redis(e)),
             Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+        }
+    }
+}
+
+/// One reservation or settlement of a batch, encoded (see [`Remote::item`]).
+#[derive(Debug)]
+struct Item {
+    record: String,
+    tomb: String,
+    id: String,
+    ms: u64,
+    buckets: Vec<(String, [i64; GROUP])>,
+}
+
+/// An item and where its answer goes.
+#[derive(Debug)]
+struct Job {
+    item: Item,
+    reply: oneshot::Sender<Result<Value, StoreError>>,
+}
+
+/// The sending side of one kind's batch task (see the module doc).
+#[derive(Debug)]
+struct Batcher {
+    tx: mpsc::Sender<Job>,
+    op_timeout: Duration,
+    stats: Arc<BatchStats>,
+}
+
+/// Script calls sent by one batch task and the items they carried.
+#[derive(Debug, Default)]
+pub(crate) struct BatchStats {
+    pub(crate) calls: AtomicU64,
+    pub(crate) items: AtomicU64,
+}
+
+impl Batcher {
+    /// Starts the batch task on the current Tokio runtime; it ends when the batcher is dropped
+    /// and its last call has answered.
+    fn spawn(
+        conn: ConnectionManager,
+        script: Script,
+        state_key: String,
+        op_timeout: Duration,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+        let stats = Arc::new(BatchStats::default());
+        tokio::spawn(run_batches(
+            conn,
+            script,
+            state_key,
+            rx,
+            op_timeout,
+            Arc::clone(&stats),
+        ));
+        Batcher {
+            tx,
+            op_timeout,
+            stats,
+        }
+    }
+
+    /// Queues `item` and waits for its own answer, all within the op timeout.
+    ///
+    /// Errors: [`StoreError::Timeout`] when no answer came in time (the script may still
+    /// run), the call's Redis error, or [`StoreError::Reply`] for an answer of the wrong shape
+    /// or a stopped task.
+    async fn call<T: redis::FromRedisValue>(&self, item: Item) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || StoreError::Reply("the batch task has stopped".to_owned());
+        let exchange = async {
+            self.tx
+                .send(Job { item, reply })
+                .await
+                .map_err(|_| stopped())?;
+            answer.await.map_err(|_| stopped())?
+        };
+        let value = match tokio::time::timeout(self.op_timeout, exchange).await {
+            Ok(v) => v?,
+            Err(_) => return Err(StoreError::Timeout(self.op_timeout)),
+        };
+        redis::from_redis_value(value).map_err(|e| StoreError::Reply(e.to_string()))
+    }
+}
+
+/// The batch task: takes what is queued (at most [`MAX_BATCH`] items) as soon as fewer than
+/// [`MAX_IN_FLIGHT`] calls are out, and answers each item from its call's reply.
+async fn run_batches(
+    conn: ConnectionManager,
+    script: Script,
+    state_key: String,
+    mut rx: mpsc::Receiver<Job>,
+    op_timeout: Duration,
+    stats: Arc<BatchStats>,
+) {
+    let mut out = FuturesUnordered::new();
+    let mut open = true;
+    while open || !out.is_empty() {
+        tokio::select! {
+            job = rx.recv(), if open && out.len() < MAX_IN_FLIGHT => {
+                let Some(first) = job else {
+                    open = false;
+                    continue;
+                };
+                let mut batch = Vec::with_capacity(8);
+                batch.push(first);
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
+                    }
+                }
+                stats.calls.fetch_add(1, Ordering::Relaxed);
+                stats.items.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                out.push(send_batch(conn.clone(), &script, &state_key, batch, op_timeout));
+            }
+            Some(()) = out.next(), if !out.is_empty() => {}
+        }
+    }
+}
+
+/// One batched script call; every item gets its own part of the reply, or the call's error.
+async fn send_batch(
+    mut conn: ConnectionManager,
+    script: &Script,
+    state_key: &str,
+    batch: Vec<Job>,
+    op_timeout: Duration,
+) {
+    // Each distinct bucket is sent once (its first item's group); items refer to it by
+    // index (1-based) with their own amount.
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    let mut distinct: Vec<(&str, &[i64; GROUP])> = Vec::new();
+    let refs: Vec<Vec<(usize, i64)>> = batch
+        .iter()
+        .map(|job| {
+            job.item
+                .buckets
+                .iter()
+                .map(|(name, g)| {
+                    let i = *index.entry(name.as_str()).or_insert_with(|| {
+                        distinct.push((name, g));
+                        distinct.len()
+                    });
+                    (i, g[1])
+                })
+                .collect()
+        })
+        .collect();
+    let mut inv = script.prepare_invoke();
+    inv.key(state_key);
+    for (name, _) in &distinct {
+        inv.key(*name);
+    }
+    for job in &batch {
+        inv.key(&job.item.record).key(&job.item.tomb);
+    }
+    inv.arg(batch.len()).arg(distinct.len());
+    for (_, g) in &distinct {
+        for v in *g {
+            inv.arg(*v);
+        }
+    }
+    for (job, refs) in batch.iter().zip(&refs) {
+        inv.arg(refs.len()).arg(&job.item.id).arg(job.item.ms);
+        for (i, amount) in refs {
+            inv.arg(*i).arg(*amount);
+        }
+    }
+    let answer =
+        match tokio::time::timeout(op_timeout, inv.invoke_async::<Vec<Value>>(&mut conn)).await {
+            Ok(Ok(values)) if values.len() == batch.len() => Ok(values),
+            Ok(Ok(values)) => Err(StoreError::Reply(format!(
+                "a batch of {} answered {} items",
+                batch.len(),
+                values.len()
+            ))),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(op_timeout)),
+        };
+    match answer {
+        Ok(values) => {
+            for (job, value) in batch.into_iter().zip(values) {
+                // A caller that gave up has dropped its receiver: nothing to tell.
+                let _ = job.reply.send(Ok(value));
+            }
+        }
+        Err(e) => {
+            for job in batch {
+                let _ = job.reply.send(Err(e.clone()));
+            }
         }
     }
 }
@@ -497,6 +729,97 @@ mod tests {
             remote.renew(&[(id.as_str(), &slots)], lease).await.unwrap(),
             0
         );
+    }
+
+    /// Fifty reservations sent at once travel in a few batched calls, share one token bucket
+    /// in item order (exactly its 30 units are admitted, each item keeps its own answer), and
+    /// their batched settlements credit every unit back.
+    #[tokio::test]
+    async fn a_batch_shares_its_buckets_in_item_order() {
+        let server = switchyard_testkit::RedisServer::start().unwrap();
+        let client = redis::Client::open(server.url()).unwrap();
+        let conn = client.get_connection_manager().await.unwrap();
+        let remote = Remote::new(conn, "batch", Duration::from_secs(2));
+        let tokens = Arc::new(BucketSpec {
+            key: "t/tokens".into(),
+            scope: Scope::Tenant("t".into()),
+            dimension: Dimension::InputTokens,
+            rule: Rule::TokenBucket {
+                capacity: 30,
+                period: Duration::from_secs(3600),
+            },
+            count_cached_input: false,
+        });
+        let slots = Arc::new(BucketSpec {
+            key: "t/conc".into(),
+            scope: Scope::Tenant("t".into()),
+            dimension: Dimension::Concurrency,
+            rule: Rule::Concurrency { limit: 1000 },
+            count_cached_input: false,
+        });
+        let wall = Utc::now();
+        let ttl = Duration::from_secs(30);
+        let ids: Vec<String> = (0..50).map(|_| remote.next_id()).collect();
+        let replies = futures::future::join_all(ids.iter().map(|id| {
+            let asks = [
+                Ask {
+                    spec: &tokens,
+                    amount: Some(1),
+                },
+                Ask {
+                    spec: &slots,
+                    amount: Some(1),
+                },
+            ];
+            let remote = &remote;
+            async move { remote.reserve(id, &asks, ttl, Duration::ZERO, wall).await }
+        }))
+        .await;
+        let mut admitted = Vec::new();
+        for (id, reply) in ids.iter().zip(replies) {
+            match reply.unwrap() {
+                Reply::Admitted(figures) => {
+                    assert_eq!(figures.len(), 2);
+                    admitted.push((id, figures[0].remaining));
+                }
+                Reply::Refused(r) => assert_eq!(r.index, 0, "the token bucket binds"),
+                Reply::Cancelled => panic!("nothing was cancelled"),
+            }
+        }
+        assert_eq!(admitted.len(), 30, "exactly the bucket's capacity");
+        // In item order, each admitted item saw the bucket after its own debit.
+        let mut left: Vec<u64> = admitted.iter().map(|(_, r)| *r).collect();
+        left.sort_unstable();
+        assert_eq!(left, (0..30).collect::<Vec<u64>>());
+        let [(calls, items), _] = remote.batch_stats();
+        assert_eq!(items, 50);
+        assert!(
+            calls < items,
+            "{calls} calls for {items} items: nothing was batched"
+        );
+        let (_, remaining, _, _) = remote.figures(&tokens, None, wall).await.unwrap();
+        assert_eq!(remaining, 0);
+
+        let settled = futures::future::join_all(admitted.iter().map(|(id, _)| {
+            let asks = [
+                Ask {
+                    spec: &tokens,
+                    amount: Some(0),
+                },
+                Ask {
+                    spec: &slots,
+                    amount: Some(1),
+                },
+            ];
+            let remote = &remote;
+            async move { remote.settle(id, &asks, Duration::ZERO, wall).await }
+        }))
+        .await;
+        assert!(settled.into_iter().all(|s| s.unwrap()));
+        let (_, remaining, _, _) = remote.figures(&tokens, None, wall).await.unwrap();
+        assert_eq!(remaining, 30, "every unit credited back");
+        let (_, free, _, _) = remote.figures(&slots, None, wall).await.unwrap();
+        assert_eq!(free, 1000, "every slot freed");
     }
 
     #[test]

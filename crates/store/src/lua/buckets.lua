@@ -2,7 +2,7 @@
 --
 -- Every bucket is described by a group of GROUP arguments starting at ARGV[b]:
 --   b+0 kind as a character code: 84 'T' token bucket, 87 'W' fixed window, 67 'C' concurrency
---   b+1 amount (reserve: units to debit; settle: units really used, -1 = keep the estimate)
+--   b+1 amount (figures: the reported reset; the batched scripts pass amounts per item)
 --   b+2 capacity (units per period / window, or concurrency limit)
 --   T: b+3 period in ticks, b+4 tick in microseconds
 --   W: b+3 epoch of the window containing the caller's wall clock, b+4 its end (us),
@@ -92,38 +92,42 @@ local function load(name, v, b, now)
   return s
 end
 
--- Loads buckets 1..n named KEYS[first..first+n-1] (those with only[i], when given) with one
--- HMGET of the state hash.
-local function load_all(state, first, n, now, only)
-  local names, idx = {}, {}
-  for i = 1, n do
-    if KIND[ARGV[4 + (i - 1) * GROUP]] ~= 'C' and (not only or only[i]) then
-      names[#names + 1] = KEYS[first + i - 1]
-      idx[#idx + 1] = i
+-- Loads every bucket of `wanted` (a list of {name, b}: the bucket's name and the ARGV index
+-- of its argument group; a name listed twice is loaded once, from its first group) with one
+-- HMGET of the state hash for the token and window buckets. Returns name -> state, so that
+-- the items of one batch that share a bucket debit and credit the same state in turn.
+local function load_many(state, wanted, now)
+  local names, bs, seen = {}, {}, {}
+  for _, w in ipairs(wanted) do
+    if not seen[w.name] then
+      seen[w.name] = true
+      names[#names + 1] = w.name
+      bs[#bs + 1] = w.b
     end
   end
-  local values = {}
-  if #names > 0 then
-    local r = redis.call('HMGET', state, unpack(names))
-    for j = 1, #idx do
-      if r[j] then values[idx[j]] = r[j] end
+  local stored, ask = {}, {}
+  for j = 1, #names do
+    if KIND[ARGV[bs[j]]] ~= 'C' then ask[#ask + 1] = names[j] end
+  end
+  if #ask > 0 then
+    local r = redis.call('HMGET', state, unpack(ask))
+    for j = 1, #ask do
+      if r[j] then stored[ask[j]] = r[j] end
     end
   end
   local states = {}
-  for i = 1, n do
-    if not only or only[i] then
-      states[i] = load(KEYS[first + i - 1], values[i], 4 + (i - 1) * GROUP, now)
-    end
+  for j = 1, #names do
+    states[names[j]] = load(names[j], stored[names[j]], bs[j], now)
   end
   return states
 end
 
--- Writes back every token or window state marked `changed`, in one HSET.
-local function save_all(state, states, n)
+-- Writes back every token or window state of `states` (name -> state) marked `changed`, in
+-- one HSET.
+local function save_many(state, states)
   local args = {}
-  for i = 1, n do
-    local s = states[i]
-    if s and s.changed then
+  for _, s in pairs(states) do
+    if s.changed and s.kind ~= 'C' then
       args[#args + 1] = s.key
       if s.kind == 'T' then
         args[#args + 1] = string.format('T,%d,%d,%d,%d,%d', s.cap, s.per, s.tick, s.level, s.t)
@@ -133,6 +137,39 @@ local function save_all(state, states, n)
     end
   end
   if #args > 0 then redis.call('HSET', state, unpack(args)) end
+end
+
+-- The buckets and items of a batched script. Each distinct bucket is described once per batch:
+--   KEYS[1] the state hash, KEYS[2..B+1] the bucket names, then per item its reservation
+--   record and its tombstone;
+--   ARGV[1] items m, ARGV[2] buckets B, then B groups of GROUP arguments (their amount slot
+--   unused), then per item: n, the reservation id, one number (a ttl in ms), and n pairs
+--   (bucket index 1..B, amount).
+-- Returns the buckets as a list of {name, b} (b: ARGV index of the group, as `load_many`
+-- takes) and the items, each with `refs`: its n buckets with their amounts.
+local function batch_items()
+  local nb = tonumber(ARGV[2])
+  local buckets = {}
+  for i = 1, nb do
+    buckets[i] = { name = KEYS[1 + i], b = 3 + (i - 1) * GROUP }
+  end
+  local items = {}
+  local k, a = 2 + nb, 3 + nb * GROUP
+  for j = 1, tonumber(ARGV[1]) do
+    local n = tonumber(ARGV[a])
+    local refs = {}
+    for i = 1, n do
+      local p = a + 3 + 2 * (i - 1)
+      refs[i] = { bucket = buckets[tonumber(ARGV[p])], amount = tonumber(ARGV[p + 1]) }
+    end
+    items[j] = {
+      n = n, rid = ARGV[a + 1], ms = tonumber(ARGV[a + 2]),
+      rec = KEYS[k], tomb = KEYS[k + 1], refs = refs,
+    }
+    k = k + 2
+    a = a + 3 + 2 * n
+  end
+  return buckets, items
 end
 
 -- nil when `amt` fits; else wait kind (0 on release, 1 after a time, 2 never) and wait (us).

@@ -4,7 +4,7 @@
 -- reset (us, -1 unknown). Returns {limit, remaining, reset us, changed}.
 local mode = ARGV[2]
 local now = now_us()
-local s = load_all(KEYS[1], 2, 1, now, nil)[1]
+local s = load_many(KEYS[1], { { name = KEYS[2], b = 4 } }, now)[KEYS[2]]
 local changed = 0
 if mode == 'H' and s.kind ~= 'C' then
   local remaining, reset = tonumber(ARGV[3]), tonumber(ARGV[5])
@@ -22,7 +22,7 @@ if mode == 'H' and s.kind ~= 'C' then
 end
 if changed == 1 then
   s.changed = true
-  save_all(KEYS[1], { s }, 1)
+  save_many(KEYS[1], { [KEYS[2]] = s })
 end
 local limit, remaining, reset = figures(s, now)
 return { limit, remaining, reset, changed }
