@@ -92,6 +92,12 @@ pub struct ProviderOutcomes {
     /// routers).
     #[serde(default)]
     pub slow: u64,
+    /// Capacity refusals (429) of spill-over attempts, and skips of a provider paused by one,
+    /// by requests whose first choice was another provider: the provider was full of traffic
+    /// that failures elsewhere moved onto it. Not in `errors`, not counted by the availability
+    /// controller. Absent = 0 (older routers).
+    #[serde(default)]
+    pub full_on_spill: u64,
 }
 
 impl ProviderOutcomes {

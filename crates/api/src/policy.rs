@@ -225,7 +225,8 @@ pub struct FallbackSpec {
     pub on: Vec<FallbackErrorClass>,
     /// Attempts per client request across providers, the first included (default 3). A
     /// provider's rate-limit answer (429) does not use one up (at most 4 such per request): the
-    /// provider is full for now, and the request may wait for it within `pauseWait`.
+    /// provider is full for now, and the request may wait for room (at most 16 such per
+    /// request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
     pub max_attempts: Option<u32>,
@@ -249,7 +250,9 @@ pub struct FallbackSpec {
     /// When every provider of the policy is paused (Retry-After, overload cooldown) or has its
     /// circuit open, how long after arrival a request may wait for the earliest to come back
     /// (default `30s`, chosen by the simulator's sweep in docs/simulation.md; `0s` answers 429
-    /// at once with that provider's Retry-After). Bounded by the request deadline.
+    /// at once with that provider's Retry-After). Bounded by the request deadline. A request
+    /// that met a full provider (a 429, or a skip of a provider paused by one) waits for room
+    /// until its deadline instead, since room comes back with time; `0s` turns that off too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub pause_wait: Option<String>,

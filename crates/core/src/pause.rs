@@ -191,6 +191,17 @@ impl Pauses {
             .max()
     }
 
+    /// The class of the failure behind the latest active deadline among `scopes` (what
+    /// [`Pauses::paused_until`] returns), or `None` when none of them is paused at `now`.
+    pub fn reason(&self, scopes: &[&str], now: Instant) -> Option<ErrorClass> {
+        scopes
+            .iter()
+            .filter_map(|s| self.entries.get(*s))
+            .filter(|e| e.until > now)
+            .max_by_key(|e| e.until)
+            .map(|e| e.reason)
+    }
+
     /// Whether any of `scopes` is paused at `now`.
     pub fn is_paused(&self, scopes: &[&str], now: Instant) -> bool {
         self.paused_until(scopes, now).is_some()

@@ -126,7 +126,7 @@ fn run(
     let mut sent = Vec::new();
     for _ in 0..100 {
         match d.poll(fleet, *now, &mut rng) {
-            Action::Send { member, .. } => {
+            Action::Send { member, spill, .. } => {
                 sent.push(member);
                 *now = *now + Duration::from_millis(1);
                 let outcome = if fails(member) {
@@ -141,7 +141,7 @@ fn run(
                     Ok(()) => Settled::Success,
                     Err(f) => Settled::Failure(f.classification.class),
                 };
-                settle(fleet, member, end, *now, Duration::from_millis(1));
+                settle(fleet, member, spill, end, *now, Duration::from_millis(1));
                 d.handle(fleet, Event::Finished(outcome));
             }
             Action::Reserve { .. } => d.handle(fleet, Event::Reserved(Ok(()))),

@@ -242,6 +242,8 @@ fn resumable(checkpoint: &ReplicaCounted, report: &OutcomeReport) -> Option<Prov
             cancelled: checkpoint.cancelled,
             in_flight: 0,
             slow: checkpoint.slow,
+            // Not checkpointed: the controller does not count it.
+            full_on_spill: 0,
         }
     })
 }
@@ -277,6 +279,7 @@ fn minus(cur: &ProviderOutcomes, prev: Option<&ProviderOutcomes>) -> ProviderOut
         cancelled: cur.cancelled.saturating_sub(prev.cancelled),
         in_flight: cur.in_flight,
         slow: cur.slow.saturating_sub(prev.slow),
+        full_on_spill: cur.full_on_spill.saturating_sub(prev.full_on_spill),
     }
 }
 

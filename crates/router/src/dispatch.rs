@@ -58,9 +58,12 @@ use switchyard_providers::adapter::StreamDecoder;
 /// Largest upstream body read into memory for a non-streamed response or an error.
 const MAX_UPSTREAM_BODY: usize = 32 * 1024 * 1024;
 
-/// When one attempt must end: its own share of the time, and the request's deadline.
+/// What the machine said of one attempt: when it must end (its own share of the time, and the
+/// request's deadline) and whether it is spill-over (for [`settle`]).
 #[derive(Debug, Clone, Copy)]
-struct AttemptDeadlines {
+struct AttemptPlan {
+    /// The machine's `Action::Send::spill`: a capacity refusal then counts as full, not failed.
+    spill: bool,
     attempt: switchyard_core::time::Instant,
     request: switchyard_core::time::Instant,
     /// A stream's adaptive first-token deadline (`switchyard_core::latency`), if any.
@@ -83,6 +86,8 @@ struct AttemptGuard {
     route: usize,
     provider: usize,
     started: tokio::time::Instant,
+    /// Spill-over attempt ([`AttemptPlan::spill`]).
+    spill: bool,
     done: bool,
     quota: Option<Reserved>,
     /// What was really used so far, for a settle when the client goes away mid-stream.
@@ -185,6 +190,7 @@ impl AttemptGuard {
             route,
             provider,
             started: tokio::time::Instant::now(),
+            spill: false,
             done: false,
             quota,
             partial: None,
@@ -207,7 +213,14 @@ impl AttemptGuard {
             route: self.route,
         };
         let now = self.app.clock.now();
-        settle(&mut fleet, self.provider, end, now, self.started.elapsed());
+        settle(
+            &mut fleet,
+            self.provider,
+            self.spill,
+            end,
+            now,
+            self.started.elapsed(),
+        );
     }
 
     fn config(&self) -> &ProviderConfig {
@@ -782,6 +795,7 @@ async fn execute(
                 first_token_deadline,
                 deadline,
                 retry,
+                spill,
             } => {
                 if retry {
                     app.metrics
@@ -820,7 +834,8 @@ async fn execute(
                     rp.index,
                     &rp.upstream_model,
                     req,
-                    AttemptDeadlines {
+                    AttemptPlan {
+                        spill,
                         attempt: attempt_deadline,
                         request: deadline,
                         first_token: first_token_deadline,
@@ -1197,7 +1212,7 @@ async fn attempt(
     provider_index: usize,
     model: &str,
     req: &ClientRequest,
-    deadlines: AttemptDeadlines,
+    deadlines: AttemptPlan,
     quota: Option<Reserved>,
     spans: crate::telemetry::Spans,
 ) -> Attempt {
@@ -1206,6 +1221,7 @@ async fn attempt(
     // Every attempt the machine sent is settled exactly once, also when nothing leaves (the
     // reservation is then credited back in full).
     let mut guard = AttemptGuard::start(app, live, route_index, provider_index, quota);
+    guard.spill = deadlines.spill;
     guard.spans = spans;
     guard.learns_latency = matches!(req.op, ClientOp::Chat | ClientOp::Messages);
     let Ok(client) = provider.client.as_ref() else {

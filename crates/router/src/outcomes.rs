@@ -72,6 +72,7 @@ pub fn provider_outcomes(c: &OutcomeCounters) -> ProviderOutcomes {
         cancelled: c.cancelled.load(Ordering::Relaxed),
         in_flight: c.in_flight.load(Ordering::Relaxed),
         slow: c.slow.load(Ordering::Relaxed),
+        full_on_spill: c.full_on_spill.load(Ordering::Relaxed),
     }
 }
 

@@ -48,6 +48,9 @@ pub struct OutcomeCounters {
     pub skipped_open: AtomicU64,
     /// Successes judged slow against the provider's latency baseline (also in `successes`).
     pub slow: AtomicU64,
+    /// Capacity refusals and paused skips of spill-over traffic (`Count::FullOnSpill`): the
+    /// provider was full of what failures elsewhere moved onto it; not errors.
+    pub full_on_spill: AtomicU64,
     /// Attempts in flight.
     pub in_flight: AtomicI64,
 }
@@ -84,6 +87,7 @@ impl OutcomeCounters {
             skipped_paused: self.skipped_paused.load(Ordering::Relaxed),
             skipped_open: self.skipped_open.load(Ordering::Relaxed),
             slow: self.slow.load(Ordering::Relaxed),
+            full_on_spill: self.full_on_spill.load(Ordering::Relaxed),
         }
     }
 
@@ -96,6 +100,7 @@ impl OutcomeCounters {
             Count::SkippedPaused => &self.skipped_paused,
             Count::SkippedOpen => &self.skipped_open,
             Count::Slow => &self.slow,
+            Count::FullOnSpill => &self.full_on_spill,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -111,6 +116,7 @@ fn tally_since(b: Tally, a: Tally) -> Tally {
         skipped_paused: b.skipped_paused.saturating_sub(a.skipped_paused),
         skipped_open: b.skipped_open.saturating_sub(a.skipped_open),
         slow: b.slow.saturating_sub(a.slow),
+        full_on_spill: b.full_on_spill.saturating_sub(a.full_on_spill),
     }
 }
 

@@ -10,7 +10,8 @@
 //! runs once per seed with only those two settings replaced (whatever the file sets for them is
 //! overridden); the Markdown table printed to stdout gives, over the seeds, the mean and worst
 //! client error rate, the mean affinity retention, uncached input tokens relative to the first
-//! pair of the sweep, and the mean p95 latency.
+//! pair of the sweep, and the mean p95 latency. `--deadline D` also replaces the RoutingPolicy
+//! `deadline` in every cell.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -39,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut holds = vec![Duration::ZERO];
     let mut waits = vec![Duration::ZERO];
     let mut seeds: Vec<u64> = vec![1, 2, 3];
+    let mut deadline = None;
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -46,6 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match a.as_str() {
             "--cache-hold" => holds = durations(&value()?)?,
             "--pause-wait" => waits = durations(&value()?)?,
+            "--deadline" => deadline = Some(humantime::parse_duration(&value()?)?),
             "--seeds" => {
                 seeds = value()?
                     .split(',')
@@ -57,7 +60,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if files.is_empty() || seeds.is_empty() {
         return Err(
-            "usage: sweep [--cache-hold D,..] [--pause-wait D,..] [--seeds N,..] SCENARIO.yaml..."
+            "usage: sweep [--cache-hold D,..] [--pause-wait D,..] [--deadline D] [--seeds N,..] \
+             SCENARIO.yaml..."
                 .into(),
         );
     }
@@ -83,6 +87,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let mut sc = base.with_seed(seed);
                     sc.switchyard.cache_hold = Some(cache_hold);
                     sc.switchyard.pause_wait = pause_wait;
+                    if let Some(d) = deadline {
+                        sc.switchyard.deadline = d;
+                    }
                     let s = run_scenario(&sc, StrategyKind::Switchyard).summary;
                     em += s.client_error_rate / n;
                     ex = ex.max(s.client_error_rate);

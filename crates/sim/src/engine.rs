@@ -80,6 +80,8 @@ struct Req {
     attempts: u32,
     tried: u64,
     provider: usize,
+    /// Whether the attempt in flight is spill-over ([`Action::Send`]'s `spill`).
+    spill: bool,
     outcome: Outcome,
     sent: Duration,
     uncached: u64,
@@ -344,6 +346,7 @@ impl<'a> Engine<'a> {
             attempts: 0,
             tried: 0,
             provider: 0,
+            spill: false,
             outcome: Outcome::Ok,
             sent: self.now,
             uncached: 0,
@@ -418,8 +421,10 @@ impl<'a> Engine<'a> {
                 member,
                 attempt_deadline,
                 first_token_deadline,
+                spill,
                 ..
             } => {
+                self.reqs[r as usize].spill = spill;
                 let timeout = self
                     .sc
                     .request_timeout
@@ -522,7 +527,7 @@ impl<'a> Engine<'a> {
 
     fn attempt_done(&mut self, r: u32) {
         let req = &self.reqs[r as usize];
-        let (p, outcome) = (req.provider, req.outcome);
+        let (p, spill, outcome) = (req.provider, req.spill, req.outcome);
         let latency = self.now.saturating_sub(req.sent);
         let output = match &self.sc.traffic {
             Traffic::Sessions(t) => t.output_tokens,
@@ -540,7 +545,7 @@ impl<'a> Engine<'a> {
             (self.router.as_mut(), self.reqs[r as usize].machine.as_mut())
         {
             let (end, finished) = outcome_of(outcome);
-            settle(&mut router.fleet, p, end, instant(self.now), latency);
+            settle(&mut router.fleet, p, spill, end, instant(self.now), latency);
             if matches!(outcome, Outcome::Ok) {
                 observe_latency(&mut router.fleet, p, &sample, instant(self.now));
             }

@@ -32,6 +32,9 @@ pub struct Tally {
     pub skipped_open: u64,
     /// Successes judged slow against the provider's latency baseline (also in `successes`).
     pub slow: u64,
+    /// Capacity refusals and skips of spill-over traffic ([`Count::FullOnSpill`]); not in
+    /// the controller window.
+    pub full_on_spill: u64,
 }
 
 impl Tally {
@@ -45,6 +48,7 @@ impl Tally {
             Count::SkippedPaused => self.skipped_paused += 1,
             Count::SkippedOpen => self.skipped_open += 1,
             Count::Slow => self.slow += 1,
+            Count::FullOnSpill => self.full_on_spill += 1,
         }
     }
 }

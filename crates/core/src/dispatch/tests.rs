@@ -99,14 +99,14 @@ fn drive(
                 let r = script.reserve.pop_front().unwrap_or(Ok(()));
                 d.handle(fleet, Event::Reserved(r));
             }
-            Action::Send { member, .. } => {
+            Action::Send { member, spill, .. } => {
                 *now = *now + Duration::from_millis(10);
                 let outcome = script.outcomes.pop_front().unwrap_or(Ok(()));
                 let end = match &outcome {
                     Ok(()) => Settled::Success,
                     Err(f) => Settled::Failure(f.classification.class),
                 };
-                settle(fleet, member, end, *now, Duration::from_millis(10));
+                settle(fleet, member, spill, end, *now, Duration::from_millis(10));
                 d.handle(fleet, Event::Finished(outcome));
             }
             Action::Wait { until } => {
@@ -720,6 +720,7 @@ fn settle_opens_the_breaker_on_failures_but_not_on_capacity_answers() {
         settle(
             &mut f,
             0,
+            false,
             Settled::Failure(ErrorClass::Capacity),
             now,
             Duration::from_millis(5),
@@ -732,6 +733,7 @@ fn settle_opens_the_breaker_on_failures_but_not_on_capacity_answers() {
         settle(
             &mut f,
             0,
+            false,
             Settled::Failure(ErrorClass::Server),
             now,
             Duration::from_millis(5),
@@ -1054,7 +1056,8 @@ fn a_request_waiting_for_capacity_is_paced_not_dropped_by_the_retry_budget() {
     // An empty budget: no retries at all, only first attempts.
     f.budget = Some(RetryBudget::new(0.0, Duration::from_secs(10), 0));
     let policy = Policy {
-        pause_wait: Duration::from_secs(5),
+        pause_wait: Duration::from_secs(2),
+        deadline: Duration::from_secs(5),
         ..Policy::default()
     };
     let mut script = Script {
@@ -1067,8 +1070,9 @@ fn a_request_waiting_for_capacity_is_paced_not_dropped_by_the_retry_budget() {
         request("proj", T0, (0..2).map(member).collect()),
         &mut script,
     );
-    // One send; every retry is refused by the budget, so the request waits until pauseWait is
-    // over and answers with the provider's 429, not a budget stop.
+    // One send; every retry is refused by the budget, so the request waits for room until its
+    // deadline (not only the 2 s of pauseWait: it met a full provider) and answers with the
+    // provider's 429, not a budget stop.
     assert_eq!(sends(&trace).len(), 1, "{trace:?}");
     match trace.last() {
         Some(Action::Respond(Verdict::Exhausted { stop, .. })) => {
@@ -1163,4 +1167,87 @@ fn slow_successes_are_soft_errors_and_streams_get_an_adaptive_first_token_deadli
     assert_eq!((t[0].slow, t[1].slow), (100, 0));
     assert_eq!(window_counts(&t[0], true, 0.005).provider_errors, 25);
     assert_eq!(window_counts(&t[1], true, 0.005).provider_errors, 0);
+}
+
+#[test]
+fn a_full_provider_under_spill_over_is_counted_full_not_failed() {
+    // Issue 18 item 1: the 429s of a provider that failures elsewhere filled are not errors of
+    // that provider; the 429s of the traffic the weights sent it are.
+    let mut f = fleet(2);
+    let chain = chain_of(&mut f, "spilled");
+    let (head, next) = (chain[0], chain[1]);
+    let mut script = Script {
+        outcomes: VecDeque::from([
+            Err(fail(ErrorClass::Server)),
+            Err(rate_limited(Duration::from_secs(1))),
+        ]),
+        ..Script::default()
+    };
+    let trace = run(
+        Policy::default(),
+        &mut f,
+        request("spilled", T0, (0..2).map(member).collect()),
+        &mut script,
+    );
+    assert_eq!(sends(&trace)[..2], [head, next], "{trace:?}");
+    assert_eq!(f.tallies[head].provider_errors, 1);
+    assert_eq!(f.tallies[next].provider_errors, 0, "{:?}", f.tallies[next]);
+    assert_eq!(f.tallies[next].full_on_spill, 1);
+
+    // A request skipping `next` while a 429 pause lasts, because its own head is down, is
+    // counted the same way (not as a paused skip, which `skips_as_errors` would count).
+    // ("spilled" itself now starts at `next`: it followed its cache there.)
+    let other = (0..200)
+        .map(|i| format!("other-{i}"))
+        .find(|p| chain_of(&mut f, p)[0] == head)
+        .expect("some project starts there");
+    let later = T0 + Duration::from_secs(30);
+    let (head_name, next_name) = (f.names[head].clone(), f.names[next].clone());
+    f.pauses.pause(
+        &head_name,
+        Duration::from_secs(10),
+        later,
+        ErrorClass::Server,
+    );
+    f.pauses.pause(
+        &next_name,
+        Duration::from_secs(10),
+        later,
+        ErrorClass::Capacity,
+    );
+    let trace = run(
+        Policy::default(),
+        &mut f,
+        request(&other, later, (0..2).map(member).collect()),
+        &mut Script::default(),
+    );
+    assert!(sends(&trace).is_empty(), "{trace:?}");
+    assert_eq!(f.tallies[head].skipped_paused, 1);
+    assert_eq!(f.tallies[next].full_on_spill, 2, "{:?}", f.tallies[next]);
+    assert_eq!(f.tallies[next].skipped_paused, 0);
+
+    // A project whose first choice is `next` and meets its 429: an error of `next`.
+    f.pauses.clear(&next_name);
+    let own = (0..200)
+        .map(|i| format!("own-{i}"))
+        .find(|p| chain_of(&mut f, p)[0] == next)
+        .expect("some project starts there");
+    let mut script = Script {
+        outcomes: VecDeque::from([Err(rate_limited(Duration::from_secs(1)))]),
+        ..Script::default()
+    };
+    let _ = run(
+        Policy::default(),
+        &mut f,
+        request(
+            &own,
+            later + Duration::from_secs(60),
+            (0..2).map(member).collect(),
+        ),
+        &mut script,
+    );
+    assert_eq!(f.tallies[next].provider_errors, 1, "{:?}", f.tallies[next]);
+    assert_eq!(f.tallies[next].full_on_spill, 2);
+    let counts = window_counts(&f.tallies[next], true, 0.05);
+    assert_eq!(counts.provider_errors, 1);
 }
