@@ -250,14 +250,22 @@ async fn responses_take_the_chat_paths_failover_and_refusals() {
     assert_eq!(stack.mock("oa").call_count(), before);
 
     // The body limit of the chat path applies.
+    // The router answers 413 as soon as the limit is passed and closes the connection, so a
+    // client still writing the body may see a reset instead of the answer (seen once in CI on
+    // this 2-core machine): up to three tries, and one of them must read the 413.
     let huge = "x".repeat(40 * 1024 * 1024);
-    let r = send(
-        stack
-            .post("/v1/responses")
-            .json(&json!({"model": "gpt-e2e", "input": huge})),
-    )
-    .await;
-    assert_eq!(r.status, 413, "{}", &r.body[..r.body.len().min(300)]);
+    let body = json!({"model": "gpt-e2e", "input": huge});
+    let mut status = None;
+    for _ in 0..3 {
+        match stack.post("/v1/responses").json(&body).send().await {
+            Ok(resp) => {
+                status = Some(resp.status().as_u16());
+                break;
+            }
+            Err(e) => eprintln!("huge body: {e}"),
+        }
+    }
+    assert_eq!(status, Some(413));
 
     // GET /v1/models/{id}: 404 in OpenAI's shape for an unknown model.
     let r = send(stack.get("/v1/models/gpt-e2e")).await;
