@@ -151,8 +151,9 @@ pub const DEFAULT_PAUSE_WAIT: Duration = Duration::from_secs(30);
 /// Capacity refusals (429s) per request that do not use up `maxAttempts`: each is followed by
 /// a wait for that provider's own pause to end (at least its Retry-After), so they are few per
 /// minute of deadline; the cap keeps the work one request can cause bounded whatever the pauses
-/// are. 16, not the earlier 4: in `primary-outage` with a 115 s deadline, 4 left 0.31 % of the
-/// requests failed against 0.07 % with 16 (docs/simulation.md).
+/// are. 16, not the earlier 4: in `primary-outage` with a 115 s deadline and a 110 s
+/// `pauseWait` (measured before the wait-until-deadline rule, which has the same effect
+/// there), 4 left 0.31 % of the requests failed against 0.07 % with 16.
 pub const MAX_CAPACITY_RESENDS: u32 = 16;
 
 /// How long a request waiting for capacity waits before asking the retry budget again.

@@ -1212,16 +1212,16 @@ async fn attempt(
     provider_index: usize,
     model: &str,
     req: &ClientRequest,
-    deadlines: AttemptPlan,
+    plan: AttemptPlan,
     quota: Option<Reserved>,
     spans: crate::telemetry::Spans,
 ) -> Attempt {
-    let deadline = deadlines.request;
+    let deadline = plan.request;
     let provider = &live.table.providers[provider_index];
     // Every attempt the machine sent is settled exactly once, also when nothing leaves (the
     // reservation is then credited back in full).
     let mut guard = AttemptGuard::start(app, live, route_index, provider_index, quota);
-    guard.spill = deadlines.spill;
+    guard.spill = plan.spill;
     guard.spans = spans;
     guard.learns_latency = matches!(req.op, ClientOp::Chat | ClientOp::Messages);
     let Ok(client) = provider.client.as_ref() else {
@@ -1256,9 +1256,9 @@ async fn attempt(
     // A whole non-streamed answer is bounded by the attempt's share of the deadline; a stream
     // until its first content by that share and the first-token timeout, whichever ends first
     // (once content flows it may run to the request deadline: it can no longer move).
-    let attempt_remaining = deadlines.attempt.min(deadline).saturating_since(now);
+    let attempt_remaining = plan.attempt.min(deadline).saturating_since(now);
     let header_budget = if streaming {
-        let adaptive = deadlines
+        let adaptive = plan
             .first_token
             .map_or(Duration::MAX, |t| t.saturating_since(now));
         provider
@@ -1269,7 +1269,7 @@ async fn attempt(
         attempt_remaining
     };
     let first_token_deadline = tokio::time::Instant::now() + header_budget;
-    let attempt_end = app.clock.to_tokio(deadlines.attempt.min(deadline));
+    let attempt_end = app.clock.to_tokio(plan.attempt.min(deadline));
     // A timeout is the provider's fault (Timeout) unless it is the request's own deadline.
     let timed_out = |budget: Duration| {
         if budget < remaining {
