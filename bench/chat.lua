@@ -1,8 +1,10 @@
--- wrk script for bench/load.sh: POSTs an OpenAI chat completion and prints one JSON line of
--- results from done().
+-- wrk script for bench/load.sh: POSTs an OpenAI chat completion (or an embedding) and prints one
+-- JSON line of results from done().
 --
 -- Settings come from environment variables (wrk passes no options to Lua threads):
---   BENCH_STREAM=1        ask for a streamed answer ("stream": true)
+--   BENCH_MODE=m          plain (default): a chat completion; stream: a streamed one
+--                         ("stream": true); embed: an embedding (the URL's path must be
+--                         /v1/embeddings); BENCH_STREAM=1 is the old spelling of stream
 --   BENCH_KEY=sk-...      bearer key sent in Authorization
 --   BENCH_PROJECTS=N      cycle x-project-id over N fixed values (default 1000); requests are
 --                         pre-formatted once, so the client spends nothing per request on them
@@ -15,7 +17,10 @@
 -- percentiles in microseconds (wrk measures each request until its last body byte, so a
 -- streamed answer counts until the end of the stream).
 
-local stream = os.getenv("BENCH_STREAM") == "1"
+local mode = os.getenv("BENCH_MODE") or "plain"
+if os.getenv("BENCH_STREAM") == "1" then
+  mode = "stream"
+end
 local key = os.getenv("BENCH_KEY") or "sk-bench"
 local projects = tonumber(os.getenv("BENCH_PROJECTS") or "1000")
 local distinct = os.getenv("BENCH_DISTINCT") == "1"
@@ -23,12 +28,16 @@ local prefix = os.getenv("BENCH_PREFIX") or "p"
 local limit = tonumber(os.getenv("BENCH_LIMIT") or "0")
 
 local body
-if stream then
+if mode == "stream" then
   body = '{"model":"bench-chat","stream":true,"max_tokens":16,'
     .. '"messages":[{"role":"user","content":"Say hello in one short sentence."}]}'
-else
+elseif mode == "embed" then
+  body = '{"model":"bench-embed","input":"Say hello in one short sentence."}'
+elseif mode == "plain" then
   body = '{"model":"bench-chat","max_tokens":16,'
     .. '"messages":[{"role":"user","content":"Say hello in one short sentence."}]}'
+else
+  error("BENCH_MODE must be plain, stream or embed, not " .. mode)
 end
 
 local headers = {

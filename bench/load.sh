@@ -1,32 +1,39 @@
 #!/usr/bin/env bash
-# Load benchmark: the router against the mock provider, direct-to-mock as the baseline.
+# Load benchmark: the router against nginx and against the mock provider directly, in one run.
 #
-#   bench/load.sh                 # full run (~5 min), writes docs/benchmarks.md and bench/results/
+#   bench/load.sh                 # full run (~12 min), writes docs/benchmarks.md and bench/results/
 #   REPS=5 DURATION=10 bench/load.sh
-#   LIMITS=1 bench/load.sh        # also a router whose tenant has limits (~7 min)
-#   TRACED=1 bench/load.sh        # also a router exporting OpenTelemetry traces (~7 min)
+#   LIMITS=0 NGINX=0 MODES=plain bench/load.sh   # the short run: direct and router only
+#   TRACED=1 bench/load.sh        # also a router exporting OpenTelemetry traces (~4 min more)
 #   BASELINE_BIN=/tmp/old/switchyard BASELINE_LABEL=b808a34 bench/load.sh
 #                                 # also an older build of the router, same manifests (before/after)
 #
 # What it does, in one run:
-#   1. installs wrk (Debian package) if missing, builds `switchyard` in release mode;
-#   2. writes a manifest folder in a temp dir: one OpenAI-kind LLMProvider pointing at the
-#      mock, one RoutingPolicy (affinity on x-project-id), one TenantQuota with a key file;
-#   3. starts the mock (latency 0, unpaced, short answers) and the router as separate processes
-#      on loopback; both are killed on exit;
-#   4. matrix: {non-streaming, streaming} x concurrency {1, 16, 64} x {direct, router}, REPS
-#      interleaved repetitions of DURATION seconds per cell (order alternates per rep) after a
-#      short warm-up of each target;
+#   1. installs wrk and nginx-light (Debian packages) if missing, builds `switchyard` in release
+#      mode;
+#   2. writes a manifest folder in a temp dir: one OpenAI-kind LLMProvider pointing at the mock
+#      with a chat and an embedding model, a RoutingPolicy for each (chat with affinity on
+#      x-project-id), one TenantQuota with a key file;
+#   3. starts the mock (latency 0, unpaced, short answers; it answers in microseconds, no timer
+#      tick), nginx as a `proxy_pass` reverse proxy in front of it and the router as separate
+#      processes on loopback; all are killed on exit;
+#   4. matrix: MODES {non-streaming chat, streaming chat, embeddings} x concurrency {1, 16, 64} x
+#      {direct, nginx, router, limits}, REPS interleaved repetitions of DURATION seconds per
+#      cell (the order rotates every repetition) after a short warm-up of each target;
 #   5. memory: a fresh router, RSS at start, after KEYS requests each with a distinct
 #      x-project-id, and after a second batch of KEYS new ids;
-#   6. bench/summarize.py takes medians and writes the Markdown report and the raw results.
+#   6. bench/summarize.py takes medians and writes the Markdown report (with the ratios to nginx
+#      and the issue 16 goals marked met or not) and the raw results.
 #
-# With LIMITS=1 a second router runs from a second manifest folder that differs only in the
-# tenant: its TenantQuota has a requests-per-minute and an input-tokens-per-minute token bucket,
-# a concurrency limit and a daily spend fixed window (the model gets list prices so spend is
-# estimated), all far above what the run can use, so nothing is refused or queued but every
-# request is estimated, reserved and reconciled on the in-process store. It is a third target
-# ("limits") interleaved with direct and router in every cell; the memory step is unchanged.
+# The "limits" target (LIMITS=1, the default) is the broker on: a second router runs from a
+# second manifest folder that differs only in the tenant: its TenantQuota has a
+# requests-per-minute and an input-tokens-per-minute token bucket, a concurrency limit and a
+# daily spend fixed window (the models get list prices so spend is estimated), all far above
+# what the run can use, so nothing is refused or queued but every request is estimated,
+# reserved and reconciled on the in-process store. The plain "router" target is the broker off.
+#
+# nginx (NGINX=1, the default) runs one worker per core with keep-alive upstream connections
+# and response buffering off; its CPU is its master's plus its workers'.
 #
 # With TRACED=1 another router runs on the same manifests with OTEL_EXPORTER_OTLP_ENDPOINT set,
 # exporting a request span and an attempt span per request over OTLP/HTTP to a real receiver
@@ -36,12 +43,13 @@
 # report also says what share of the spans the exporter delivered rather than dropped.
 #
 # Environment knobs: SWITCHYARD_BIN (use this binary, skip the build), NICE (0; a negative
-# value needs root), LIMITS (0; 1 adds the tenant-with-limits target), TRACED (0; 1 adds the
-# traced target), REPS (3), DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY
-# ("1 16 64"), BASELINE_BIN (a second switchyard binary run as the "baseline" target: same
-# manifests, interleaved like the others, its CPU per request compared with the router's),
-# BASELINE_LABEL (what that binary is, for the report, e.g. a commit), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as shipped),
-# REPORT (docs/benchmarks.md), RESULTS (bench/results).
+# value needs root), LIMITS (1; 0 drops the tenant-with-limits target), NGINX (1; 0 drops the
+# nginx target), MODES ("plain stream embed"), TRACED (0; 1 adds the traced target), REPS (3),
+# DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY ("1 16 64"), BASELINE_BIN (a second
+# switchyard binary run as the "baseline" target: same manifests, interleaved like the others,
+# its CPU per request compared with the router's), BASELINE_LABEL (what that binary is, for the
+# report, e.g. a commit), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as
+# shipped), REPORT (docs/benchmarks.md), RESULTS (bench/results).
 #
 # Needs python3 and curl; the figures in docs/benchmarks.md were taken with NICE=-10.
 set -euo pipefail
@@ -51,7 +59,7 @@ cd "$ROOT"
 
 # The exact command, with the knobs that were set, for the report.
 COMMAND_LINE="bench/load.sh"
-for knob in SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS TRACED ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
+for knob in SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS NGINX MODES TRACED ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
   if [[ -n "${!knob+x}" ]]; then
     COMMAND_LINE="$knob='${!knob}' $COMMAND_LINE"
   fi
@@ -63,7 +71,9 @@ WARMUP="${WARMUP:-1}"
 KEYS="${KEYS:-100000}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 OUTPUT_TOKENS="${OUTPUT_TOKENS:-8}"
-LIMITS="${LIMITS:-0}"
+LIMITS="${LIMITS:-1}"
+NGINX="${NGINX:-1}"
+MODES="${MODES:-plain stream embed}"
 TRACED="${TRACED:-0}"
 REPORT="${REPORT:-$ROOT/docs/benchmarks.md}"
 RESULTS="${RESULTS:-$ROOT/bench/results}"
@@ -74,12 +84,18 @@ RUN=(nice -n "$NICE")
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # --- tools -------------------------------------------------------------------------------
-if ! command -v wrk >/dev/null; then
-  log "installing wrk"
-  SUDO=""
-  [[ "$(id -u)" -ne 0 ]] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq wrk
+apt_install() { # package
+  log "installing $1"
+  local sudo=""
+  [[ "$(id -u)" -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq "$1"
+}
+command -v wrk >/dev/null || apt_install wrk
+NGINX_BIN="$(command -v nginx || echo /usr/sbin/nginx)"
+if [[ "$NGINX" == 1 && ! -x "$NGINX_BIN" ]]; then
+  apt_install nginx-light
+  NGINX_BIN="$(command -v nginx || echo /usr/sbin/nginx)"
 fi
 for tool in python3 curl; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
@@ -124,23 +140,21 @@ trap 'exit 130' INT TERM
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
-MOCK_PORT="$(free_port)"
-ROUTER_PORT="$(free_port)"
-while [[ "$ROUTER_PORT" == "$MOCK_PORT" ]]; do ROUTER_PORT="$(free_port)"; done
-LIMITS_PORT="$(free_port)"
-while [[ "$LIMITS_PORT" == "$MOCK_PORT" || "$LIMITS_PORT" == "$ROUTER_PORT" ]]; do
-  LIMITS_PORT="$(free_port)"
-done
-BASELINE_PORT="$(free_port)"
-while [[ "$BASELINE_PORT" == "$MOCK_PORT" || "$BASELINE_PORT" == "$ROUTER_PORT" ||
-  "$BASELINE_PORT" == "$LIMITS_PORT" ]]; do
-  BASELINE_PORT="$(free_port)"
-done
-TRACED_PORT="$(free_port)"
-while [[ "$TRACED_PORT" == "$MOCK_PORT" || "$TRACED_PORT" == "$ROUTER_PORT" ||
-  "$TRACED_PORT" == "$LIMITS_PORT" || "$TRACED_PORT" == "$BASELINE_PORT" ]]; do
-  TRACED_PORT="$(free_port)"
-done
+# new_port VAR: sets VAR to a free loopback port no other process of this run was given.
+USED_PORTS=" "
+new_port() {
+  local port
+  port="$(free_port)"
+  while [[ "$USED_PORTS" == *" $port "* ]]; do port="$(free_port)"; done
+  USED_PORTS+="$port "
+  printf -v "$1" '%s' "$port"
+}
+new_port MOCK_PORT
+new_port ROUTER_PORT
+new_port LIMITS_PORT
+new_port BASELINE_PORT
+new_port TRACED_PORT
+new_port NGINX_PORT
 KEY="sk-bench-$(date +%s)"
 
 mkdir -p "$WORK/manifests" "$WORK/secrets/bench-keys"
@@ -157,6 +171,9 @@ spec:
   models:
     - name: bench-chat
       upstreamName: bench-upstream
+    - name: bench-embed
+      upstreamName: bench-embed-upstream
+      modalities: [embedding]
   timeouts: {connect: 2s, total: 60s}
 ---
 apiVersion: switchyard.dev/v1alpha1
@@ -169,6 +186,17 @@ spec:
   providers:
     - name: bench-mock
   affinity: {header: x-project-id, pinDuration: 30m}
+  deadline: 60s
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: RoutingPolicy
+metadata:
+  name: bench-embed
+spec:
+  model: bench-embed
+  serviceType: embedding
+  providers:
+    - name: bench-mock
   deadline: 60s
 ---
 apiVersion: switchyard.dev/v1alpha1
@@ -191,6 +219,11 @@ text = text.replace(
     "      upstreamName: bench-upstream\n",
     "      upstreamName: bench-upstream\n"
     "      pricing: {inputPerMillion: \"2.50\", outputPerMillion: \"10\"}\n",
+)
+text = text.replace(
+    "      upstreamName: bench-embed-upstream\n",
+    "      upstreamName: bench-embed-upstream\n"
+    "      pricing: {inputPerMillion: \"0.02\", outputPerMillion: \"0\"}\n",
 )
 text += (
     "  limits:\n"
@@ -284,6 +317,45 @@ start_traced_router() {
   wait_http "http://127.0.0.1:$TRACED_PORT/healthz"
   wait_ready "http://127.0.0.1:$TRACED_PORT"
 }
+NGINX_PID=""
+# nginx as a plain reverse proxy in front of the mock, the yardstick users compare a proxy with:
+# one worker per core, keep-alive connections to the upstream, no buffering (so SSE frames pass
+# as they come), no access log (the router writes none either). All its files live in $WORK.
+start_nginx() {
+  mkdir -p "$WORK/nginx"
+  cat >"$WORK/nginx/nginx.conf" <<EOF_NGINX
+worker_processes $(nproc);
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fastcgi;
+  uwsgi_temp_path $WORK/nginx/uwsgi;
+  scgi_temp_path $WORK/nginx/scgi;
+  upstream mock {
+    server 127.0.0.1:$MOCK_PORT;
+    keepalive 128;
+  }
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    location / {
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+EOF_NGINX
+  "${RUN[@]}" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" &
+  NGINX_PID=$!
+  PIDS+=("$NGINX_PID")
+  wait_http "http://127.0.0.1:$NGINX_PORT/v1/models"
+}
 # Sum of a counter family in a router's /metrics.
 metric_sum() { # port name
   curl -s "http://127.0.0.1:$1/metrics" |
@@ -293,8 +365,13 @@ stop_router() {
   kill "$ROUTER_PID" 2>/dev/null || true
   wait "$ROUTER_PID" 2>/dev/null || true
 }
-# utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/PID/stat).
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# utime + stime of a process and its children still running (nginx's workers), in clock ticks
+# (fields 14 and 15 of /proc/PID/stat).
+cpu_ticks() {
+  local files=("/proc/$1/stat") child
+  for child in $(pgrep -P "$1" || true); do files+=("/proc/$child/stat"); done
+  cat "${files[@]}" 2>/dev/null | awk '{s += $14 + $15} END {print s}'
+}
 TICKS="$(getconf CLK_TCK)"
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/${1:-$ROUTER_PID}/status"; }
 hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/${1:-$ROUTER_PID}/status"; }
@@ -307,8 +384,15 @@ MOCK_PID=$!
 PIDS+=("$MOCK_PID")
 wait_http "http://127.0.0.1:$MOCK_PORT/v1/models"
 start_router
-TARGETS=(direct router)
-PROBE_URLS=("http://127.0.0.1:$MOCK_PORT" "http://127.0.0.1:$ROUTER_PORT")
+TARGETS=(direct)
+PROBE_URLS=("http://127.0.0.1:$MOCK_PORT")
+if [[ "$NGINX" == 1 ]]; then
+  start_nginx
+  TARGETS+=(nginx)
+  PROBE_URLS+=("http://127.0.0.1:$NGINX_PORT")
+fi
+TARGETS+=(router)
+PROBE_URLS+=("http://127.0.0.1:$ROUTER_PORT")
 if [[ "$LIMITS" == 1 ]]; then
   start_limits_router
   TARGETS+=(limits)
@@ -325,16 +409,22 @@ if [[ "$TRACED" == 1 ]]; then
   PROBE_URLS+=("http://127.0.0.1:$TRACED_PORT")
 fi
 
-# A request through each path must succeed before anything is timed.
-for url in "${PROBE_URLS[@]}"; do
-  code="$(curl -s -o "$WORK/probe.json" -w '%{http_code}' "$url/v1/chat/completions" \
+# A chat completion and an embedding through each path must succeed before anything is timed.
+probe() { # url path body
+  local code
+  code="$(curl -s -o "$WORK/probe.json" -w '%{http_code}' "$1$2" \
     -H "Authorization: Bearer $KEY" -H 'content-type: application/json' -H 'x-project-id: probe' \
-    -d '{"model":"bench-chat","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}')"
+    -d "$3")"
   if [[ "$code" != 200 ]]; then
-    echo "probe of $url answered $code:" >&2
+    echo "probe of $1$2 answered $code:" >&2
     cat "$WORK/probe.json" >&2
     exit 1
   fi
+}
+for url in "${PROBE_URLS[@]}"; do
+  probe "$url" /v1/chat/completions \
+    '{"model":"bench-chat","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
+  probe "$url" /v1/embeddings '{"model":"bench-embed","input":"hi"}'
 done
 
 # --- matrix ------------------------------------------------------------------------------
@@ -346,8 +436,12 @@ RAW="$WORK/raw.jsonl"
 run_wrk() {
   local target="$1" mode="$2" conc="$3" seconds="$4" rep="$5"
   shift 5
-  local port="$MOCK_PORT" threads=2 stream=0 router_pid="$ROUTER_PID"
+  local port="$MOCK_PORT" threads=2 router_pid="$ROUTER_PID" path=/v1/chat/completions
   [[ "$target" == router ]] && port="$ROUTER_PORT"
+  if [[ "$target" == nginx ]]; then
+    port="$NGINX_PORT"
+    router_pid="$NGINX_PID"
+  fi
   if [[ "$target" == limits ]]; then
     port="$LIMITS_PORT"
     router_pid="$LIMITS_PID"
@@ -361,14 +455,14 @@ run_wrk() {
     router_pid="$TRACED_PID"
   fi
   [[ "$conc" -lt 2 ]] && threads=1
-  [[ "$mode" == stream ]] && stream=1
+  [[ "$mode" == embed ]] && path=/v1/embeddings
   local label
   label="$(printf '{"target":"%s","mode":"%s","concurrency":%d,"rep":%d}' "$target" "$mode" "$conc" "$rep")"
   local out cpu0 cpu1
   cpu0="$(cpu_ticks "$router_pid") $(cpu_ticks "$MOCK_PID")"
-  out="$(env "$@" BENCH_STREAM="$stream" BENCH_KEY="$KEY" BENCH_LABEL="$label" \
+  out="$(env "$@" BENCH_MODE="$mode" BENCH_KEY="$KEY" BENCH_LABEL="$label" \
     "${RUN[@]}" wrk -t "$threads" -c "$conc" -d "${seconds}s" --timeout 10s -s "$ROOT/bench/chat.lua" \
-    "http://127.0.0.1:$port/v1/chat/completions")"
+    "http://127.0.0.1:$port$path")"
   local line
   line="$(grep '^BENCH_RESULT ' <<<"$out" | sed 's/^BENCH_RESULT //')"
   if [[ -z "$line" ]]; then
@@ -379,20 +473,22 @@ run_wrk() {
   cpu1="$(cpu_ticks "$router_pid") $(cpu_ticks "$MOCK_PID")"
   read -r r0 m0 <<<"$cpu0"
   read -r r1 m1 <<<"$cpu1"
-  # CPU seconds (user + system) the router serving this target (for direct: the idle default
-  # router) and the mock spent during this run.
+  # CPU seconds (user + system) the proxy serving this target (for direct: the idle default
+  # router; for nginx: its master and workers) and the mock spent during this run.
   printf '%s,"router_cpu_s":%s,"mock_cpu_s":%s}\n' "${line%\}}" \
     "$(awk -v a="$r0" -v b="$r1" -v t="$TICKS" 'BEGIN {printf "%.2f", (b - a) / t}')" \
     "$(awk -v a="$m0" -v b="$m1" -v t="$TICKS" 'BEGIN {printf "%.2f", (b - a) / t}')"
 }
 
+NGINX_VERSION=""
+[[ "$NGINX" == 1 ]] && NGINX_VERSION="$("$NGINX_BIN" -v 2>&1 | sed 's|.*nginx/||')"
 LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 RSS_START_KIB="$(rss_kib)"
 LIMITS_RSS_START_KIB=null
 [[ "$LIMITS" == 1 ]] && LIMITS_RSS_START_KIB="$(rss_kib "$LIMITS_PID")"
 STARTED="$(date -u +%FT%TZ)"
-log "matrix: modes {plain, stream} x concurrency {$CONCURRENCY} x {${TARGETS[*]}}, $REPS reps of ${DURATION}s"
-for mode in plain stream; do
+log "matrix: modes {$MODES} x concurrency {$CONCURRENCY} x {${TARGETS[*]}}, $REPS reps of ${DURATION}s"
+for mode in $MODES; do
   for conc in $CONCURRENCY; do
     for target in "${TARGETS[@]}"; do
       run_wrk "$target" "$mode" "$conc" "$WARMUP" 0 >/dev/null
@@ -511,6 +607,9 @@ cat >"$WORK/meta.json" <<EOF
   "router_rss_start_kib": $RSS_START_KIB,
   "router_rss_after_matrix_kib": $RSS_AFTER_MATRIX_KIB,
   "limits": $LIMITS,
+  "nginx": $NGINX,
+  "nginx_version": "$NGINX_VERSION",
+  "modes": "$MODES",
   "traced": $TRACED,
   "traced_spans_expected": $TRACED_SPANS_EXPECTED,
   "traced_spans_received": $TRACED_SPANS_RECEIVED,
