@@ -221,6 +221,8 @@ impl Stream for UpstreamBody {
 pub struct UpstreamClient {
     adapter: Arc<dyn Adapter>,
     http: reqwest::Client,
+    /// One pool per connection shard, built on the shard's first request (see [`enter_shard`]).
+    shard_pools: Arc<ShardPools>,
     timeouts: Timeouts,
     /// The last credential problem seen (no token, refused keys, a 401/403 answer), cleared by
     /// the next success; shown as `Ready=False` in status.
@@ -246,12 +248,42 @@ pub fn http_client(connect_timeout: Duration) -> Result<reqwest::Client, Transpo
         .map_err(|e| TransportError::Config(error_chain(&e)))
 }
 
+thread_local! {
+    static SHARD: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Shard pools per provider: more shards than this share pools (index modulo).
+const MAX_SHARD_POOLS: usize = 64;
+
+/// Marks the calling thread as connection shard `index` (the router's single-threaded
+/// connection runtimes, `switchyard_router::shards`): from then on every [`UpstreamClient`]
+/// sends this thread's requests through a connection pool of its own for the shard. A pooled
+/// connection is a task on the runtime that opened it, so a pool shared across shards would
+/// hand a shard connections whose task runs on another thread, and every request and response
+/// on them would cross threads.
+pub fn enter_shard(index: usize) {
+    SHARD.with(|s| s.set(Some(index)));
+}
+
+/// The per-shard pools of one provider, with what they are built from.
+#[derive(Debug)]
+struct ShardPools {
+    connect_timeout: Duration,
+    pools: [std::sync::OnceLock<reqwest::Client>; MAX_SHARD_POOLS],
+}
+
 impl UpstreamClient {
-    /// A client around `adapter`, sending through `http` (see [`http_client`]).
+    /// A client around `adapter`, sending through `http` (see [`http_client`]); on a
+    /// connection shard ([`enter_shard`]) through a pool of the shard's own, built like
+    /// [`http_client`] with the connect timeout of `timeouts`.
     pub fn new(adapter: Arc<dyn Adapter>, http: reqwest::Client, timeouts: Timeouts) -> Self {
         UpstreamClient {
             adapter,
             http,
+            shard_pools: Arc::new(ShardPools {
+                connect_timeout: timeouts.connect,
+                pools: std::array::from_fn(|_| std::sync::OnceLock::new()),
+            }),
             timeouts,
             credential_problem: Arc::default(),
         }
@@ -422,7 +454,7 @@ impl UpstreamClient {
         timeout: Duration,
     ) -> Result<UpstreamResponse, TransportError> {
         let response = self
-            .http
+            .pool()
             .post(p.url)
             .headers(p.headers)
             .timeout(timeout)
@@ -442,6 +474,18 @@ impl UpstreamClient {
             headers,
             body,
         })
+    }
+
+    /// The pool this thread sends through: its shard's ([`enter_shard`]) or the shared one.
+    fn pool(&self) -> &reqwest::Client {
+        match SHARD.with(std::cell::Cell::get) {
+            None => &self.http,
+            Some(i) => self.shard_pools.pools[i % MAX_SHARD_POOLS].get_or_init(|| {
+                // The shared pool was built with the same settings, so this cannot fail
+                // where that did not; if it does, the shared pool still works.
+                http_client(self.shard_pools.connect_timeout).unwrap_or_else(|_| self.http.clone())
+            }),
+        }
     }
 
     /// Sends one non-streamed request to an API path outside [`Operation`] (`/audio/speech`

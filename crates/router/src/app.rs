@@ -134,6 +134,11 @@ pub struct ServeOptions {
     /// last hour of samples (`--ui`, default on; `--ui=false` answers 404 there and keeps no
     /// history). It shows what `/status` shows, over time; see [`crate::ui`].
     pub ui: bool,
+    /// Client connections are served on this many single-threaded runtimes ("shards", one OS
+    /// thread each, see [`crate::shards`]), each connection on one shard with every task its
+    /// requests spawn; 0 serves them on the calling (shared) runtime. The binary's
+    /// `--io-threads` defaults to one per core; the default here is 0.
+    pub io_threads: usize,
 }
 
 /// Default [`ServeOptions::header_read_timeout`]: 10 s, ample for any client on a working
@@ -154,6 +159,7 @@ impl Default for ServeOptions {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             probe_gate: switchyard_core::pause::DEFAULT_PROBE_GATE,
+            io_threads: 0,
             ui: true,
         }
     }

@@ -36,6 +36,7 @@ pub mod protocol_errors;
 pub mod request;
 pub mod responses;
 pub mod server;
+pub mod shards;
 pub mod signals;
 pub mod standalone;
 pub mod state;

@@ -1070,7 +1070,8 @@ pub async fn serve(
     served
 }
 
-/// The HTTP/1.1 server (hyper) with the connection-level protections of [`ServeOptions`]:
+/// The HTTP/1.1 server (hyper) with the connection-level protections of [`ServeOptions`]
+/// (connections on [`ServeOptions::io_threads`] shards, see [`crate::shards`]):
 /// at most `max_connections` at once (further clients wait in the listen backlog), a deadline
 /// for the request head (which hyper also applies to the wait for the next request on a
 /// keep-alive connection, so it is the idle timeout as well), and a graceful stop: on
@@ -1082,6 +1083,10 @@ async fn accept_loop(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let permits = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
+    let shards = match options.io_threads {
+        0 => None,
+        n => Some(crate::shards::Shards::start(n)?),
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -1115,7 +1120,7 @@ async fn accept_loop(
         let app = app.clone();
         let mut stop = stop_rx.clone();
         let header_timeout = options.header_read_timeout;
-        conns.spawn(async move {
+        let connection = async move {
             let _permit = permit;
             let service =
                 hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
@@ -1143,11 +1148,16 @@ async fn accept_loop(
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }
-        });
+        };
+        match &shards {
+            Some(shards) => conns.spawn_on(connection, shards.next()),
+            None => conns.spawn(connection),
+        };
     }
     drop(listener);
     let _ = stop_tx.send(true);
     while conns.join_next().await.is_some() {}
+    drop(shards);
     Ok(())
 }
 

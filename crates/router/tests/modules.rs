@@ -18,7 +18,7 @@ use syn::visit::Visit;
 /// The router's modules, bottom layer first. `wire`, `upstream`, `health` and `clock` are
 /// re-exports of `switchyard-providers` and sit below all of these.
 const LAYERS: &[&[&str]] = &[
-    &["protocol_errors", "estimate", "metrics"],
+    &["protocol_errors", "estimate", "metrics", "shards"],
     &["config"],
     &["state", "history"],
     &["conditions", "request", "idempotency"],

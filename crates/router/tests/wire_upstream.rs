@@ -241,3 +241,80 @@ async fn dropping_response_body_closes_upstream_stream() {
         "upstream stream still running 5 s after the client dropped it"
     );
 }
+
+/// Peer ports of the connections requests arrived on, in arrival order.
+async fn serve_recording_peers() -> (SocketAddr, Arc<Mutex<Vec<u16>>>) {
+    use axum::extract::ConnectInfo;
+    let peers = Arc::new(Mutex::new(Vec::new()));
+    let seen = peers.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(peer.port());
+                ([("content-type", "application/json")], "{}")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap()
+    });
+    (addr, peers)
+}
+
+/// Sends one chat request through `client` and reads its body to the end.
+async fn send_one(client: &UpstreamClient) {
+    let r = client
+        .send(
+            Operation::ChatCompletions,
+            "m",
+            Bytes::from_static(b"{}"),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    let mut body = r.body;
+    while body.next().await.is_some() {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_shard_sends_through_a_pool_of_its_own() {
+    let (addr, peers) = serve_recording_peers().await;
+    let client = client(ProviderKind::OpenAi, addr);
+    // Twice from the shared runtime: one pooled connection, reused.
+    send_one(&client).await;
+    send_one(&client).await;
+    // Twice from a thread marked as shard 0 with a runtime of its own, as the router's
+    // connection shards are: a connection of the shard's, reused too.
+    let on_shard = client.clone();
+    tokio::task::spawn_blocking(move || {
+        switchyard_router::upstream::enter_shard(0);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            send_one(&on_shard).await;
+            send_one(&on_shard).await;
+        });
+    })
+    .await
+    .unwrap();
+    // And the shared pool's connection is still the one the shared runtime uses.
+    send_one(&client).await;
+    let peers = peers.lock().unwrap().clone();
+    assert_eq!(peers.len(), 5);
+    assert_eq!(peers[0], peers[1], "the shared pool reuses its connection");
+    assert_eq!(peers[2], peers[3], "the shard's pool reuses its connection");
+    assert_ne!(peers[0], peers[2], "the shard got a connection of its own");
+    assert_eq!(peers[4], peers[0], "the shared pool kept its connection");
+}

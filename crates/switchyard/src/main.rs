@@ -390,6 +390,11 @@ struct ServeArgs {
     /// `--ui=false` turns it off (404) and keeps no history.
     #[arg(long, env = "SWITCHYARD_UI", default_value_t = true, action = clap::ArgAction::Set)]
     ui: bool,
+    /// Threads that serve client connections, each a single-threaded runtime that keeps a
+    /// connection and the upstream work of its requests on one core (no thread hop per
+    /// request); default one per core; `0` serves connections on the shared runtime instead.
+    #[arg(long, env = "SWITCHYARD_IO_THREADS")]
+    io_threads: Option<usize>,
 }
 
 impl ServeArgs {
@@ -401,6 +406,9 @@ impl ServeArgs {
             max_connections: self.max_connections,
             probe_gate: self.probe_gate,
             ui: self.ui,
+            io_threads: self.io_threads.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+            }),
         }
     }
 }
