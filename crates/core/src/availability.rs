@@ -54,6 +54,24 @@
 //! grew), the ceiling lifts and it reaches 1 a few windows later. This is gain scheduling, the standard remedy for a plant whose gain
 //! differs by orders of magnitude between operating regions.
 //!
+//! **Flap damping** (after BGP route flap damping, RFC 2439): a provider that keeps failing
+//! outright, serving for a minute and failing again would otherwise ride the ramp up each time it
+//! looks clean and be knocked back to 0 at the next failure, a weight swing of 0.3–0.8 per
+//! interval that moves new projects onto it and off again. Each *relapse* (a window failing
+//! outright, error signal ≤ −0.5, after a window with successes since the previous outright
+//! failure) adds 1 to a penalty that halves every `flap_half_life` intervals. At
+//! `flap_suppress` the clean-window gain is held at `ramp_start` (about +0.015 per interval)
+//! until the penalty has decayed below `flap_reuse`; then the ramp starts again from its first
+//! step. Shallow failures (a provider overflowing its capacity by a few percent) and the probes
+//! of a provider that is simply down (no successes between them) are not relapses, so neither
+//! a provider at capacity nor one recovering from a single outage is damped. Defaults: half-life
+//! 10 intervals (5 min at 30 s), suppress 1.5 (a second relapse within one half-life),
+//! reuse 0.5. The cost is the usual one of flap damping: after the flapping stops,
+//! the provider's weight comes back only once the penalty has decayed. In `flapping-primary`
+//! (one bad minute in two for 30 minutes) the largest weight change per interval from minute 20
+//! to 40 falls from 0.60 to 0.17, and the primary is back at ≥ 0.9 eleven minutes after the last
+//! bad minute instead of one.
+//!
 //! **Defaults** (kp 0.05, ki 0.45, kd 0, limit 1, ramp 0.03 × 3.5ⁿ, patience 4), chosen by simulating a
 //! provider whose traffic share is `a` (as in the priority cascade) against scripted plants:
 //! - total failure: `e ≈ −1` gives `a = 1 − kp − ki ≈ 0.5` after one interval and
@@ -105,6 +123,13 @@ pub struct ControllerConfig {
     /// Error-free windows during which the ramp stays below the depth of the last trouble
     /// (see the module docs); afterwards the ceiling grows by `ramp_growth` per window.
     pub ramp_patience: u32,
+    /// Flap damping: half-life of the relapse penalty, in intervals (see "Flap damping" in the
+    /// module docs). 0 or NaN turns flap damping off.
+    pub flap_half_life: f64,
+    /// Flap damping: penalty at which the clean-window ramp is suppressed.
+    pub flap_suppress: f64,
+    /// Flap damping: penalty below which a suppressed ramp is released.
+    pub flap_reuse: f64,
 }
 
 impl Default for ControllerConfig {
@@ -120,6 +145,9 @@ impl Default for ControllerConfig {
             ramp_start: 0.03,
             ramp_growth: 3.5,
             ramp_patience: 4,
+            flap_half_life: 10.0,
+            flap_suppress: 1.5,
+            flap_reuse: 0.5,
         }
     }
 }
@@ -163,7 +191,17 @@ pub struct AvailabilityController {
     clean_run: u32,
     /// Magnitude of the last negative error signal: the ceiling of the clean-window ramp.
     depth: f64,
+    /// Flap damping: decaying count of relapses (see the module docs).
+    penalty: f64,
+    /// Flap damping: the ramp is held at `ramp_start` until the penalty falls below reuse.
+    suppressed: bool,
+    /// A window with successes and no outright failure came since the last outright failure.
+    served_since_failure: bool,
 }
+
+/// A window whose error signal is at or below this failed outright (about half of its requests
+/// or more failed), as opposed to overflowing by a few percent: only these count as relapses.
+const OUTRIGHT_FAILURE: f64 = -0.5;
 
 /// Finite value or a fallback.
 fn finite_or(x: f64, fallback: f64) -> f64 {
@@ -190,6 +228,9 @@ impl AvailabilityController {
             previous: 0.0,
             clean_run: 0,
             depth: 1.0,
+            penalty: 0.0,
+            suppressed: false,
+            served_since_failure: false,
         };
         let ki = c.ki();
         if ki > 0.0 {
@@ -246,14 +287,54 @@ impl AvailabilityController {
         (score, signal.clamp(-1.0, 1.0))
     }
 
+    /// Whether flap damping currently holds the clean-window ramp at `ramp_start`.
+    pub fn flap_suppressed(&self) -> bool {
+        self.suppressed
+    }
+
+    /// The flap-damping penalty (decaying count of relapses; 0 without any).
+    pub fn flap_penalty(&self) -> f64 {
+        self.penalty
+    }
+
+    /// Decays the relapse penalty by one interval, adds this window's relapse and moves the
+    /// suppressed flag through its hysteresis (suppress above, reuse below).
+    fn damp_flaps(&mut self, counts: WindowCounts, signal: f64) {
+        let half_life = finite_or(self.cfg.flap_half_life, 0.0);
+        if half_life <= 0.0 {
+            self.penalty = 0.0;
+            self.suppressed = false;
+            return;
+        }
+        self.penalty *= 0.5f64.powf(1.0 / half_life);
+        if signal <= OUTRIGHT_FAILURE {
+            if self.served_since_failure {
+                self.penalty += 1.0;
+            }
+            self.served_since_failure = false;
+        } else if counts.successes > 0 {
+            self.served_since_failure = true;
+        }
+        if self.penalty >= finite_or(self.cfg.flap_suppress, f64::INFINITY) {
+            self.suppressed = true;
+        } else if self.penalty < finite_or(self.cfg.flap_reuse, 0.0) {
+            self.suppressed = false;
+        }
+    }
+
     /// Feeds one interval's counts and returns the new availability with its inputs.
     pub fn step(&mut self, counts: WindowCounts) -> StepReport {
         let (score, signal) = self.error_signal(counts);
+        self.damp_flaps(counts, signal);
         let ramp_start = finite_or(self.cfg.ramp_start, 0.03).clamp(f64::MIN_POSITIVE, 1.0);
         let gain = if score < 0.0 {
             self.clean_run = 0;
             self.depth = (-signal).clamp(ramp_start, 1.0);
             1.0
+        } else if self.suppressed {
+            // Flap damping: the ramp restarts from the beginning once the penalty has decayed.
+            self.clean_run = 0;
+            ramp_start
         } else if counts.provider_errors == 0 {
             self.clean_run = self.clean_run.saturating_add(1);
             let growth = finite_or(self.cfg.ramp_growth, 1.0).max(1.0);
@@ -523,6 +604,9 @@ mod tests {
             ramp_start: f64::NAN,
             ramp_growth: f64::NEG_INFINITY,
             ramp_patience: u32::MAX,
+            flap_half_life: f64::NAN,
+            flap_suppress: f64::NAN,
+            flap_reuse: f64::NAN,
         };
         let mut c = AvailabilityController::new(cfg);
         for w in [
@@ -534,5 +618,91 @@ mod tests {
             let a = c.step(w).availability;
             assert!((0.0..=1.0).contains(&a), "{a}");
         }
+    }
+
+    /// A provider that fails outright for two windows and serves for two, over and over.
+    fn flap(c: &mut AvailabilityController, cycles: usize) -> Vec<f64> {
+        let mut out = Vec::new();
+        for _ in 0..cycles {
+            for w in [counts(0, 20), counts(0, 20), counts(20, 0), counts(20, 0)] {
+                out.push(c.step(w).availability);
+            }
+        }
+        out
+    }
+
+    fn max_step(xs: &[f64]) -> f64 {
+        xs.windows(2)
+            .map(|w| (w[1] - w[0]).abs())
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn controller_flapping_provider_is_damped_then_released() {
+        let mut c = AvailabilityController::new(ControllerConfig::default());
+        c.step(counts(50, 0));
+        let early = flap(&mut c, 2);
+        // The second relapse (within one half-life of the first) suppresses the ramp.
+        assert!(c.flap_suppressed(), "penalty {}", c.flap_penalty());
+        let steady = flap(&mut c, 10);
+        assert!(max_step(&steady) <= 0.05, "{steady:?}");
+        assert!(c.flap_penalty() >= 1.5);
+        // Without damping the same pattern swings far more.
+        let cfg = ControllerConfig {
+            flap_half_life: 0.0,
+            ..ControllerConfig::default()
+        };
+        let mut undamped = AvailabilityController::new(cfg);
+        undamped.step(counts(50, 0));
+        let undamped_steady = flap(&mut undamped, 12);
+        assert!(max_step(&undamped_steady) >= 0.3, "{undamped_steady:?}");
+        assert!(!undamped.flap_suppressed());
+        assert!(max_step(&early) >= max_step(&steady));
+        // Once it stays clean the penalty decays (half-life 10), the ramp is released and the
+        // provider climbs back: below reuse 0.5 after about log2(penalty/0.5) half-lives.
+        let mut n = 0;
+        while c.flap_suppressed() {
+            c.step(counts(20, 0));
+            n += 1;
+            assert!(n < 60, "still suppressed after {n} clean windows");
+        }
+        assert!(c.flap_penalty() < 0.5);
+        for _ in 0..6 {
+            c.step(counts(20, 0));
+        }
+        assert!(c.availability() >= 0.9, "{}", c.availability());
+    }
+
+    #[test]
+    fn controller_single_outage_and_overflow_are_not_relapses() {
+        // Down for 20 windows with probes that fail and idle windows between: one relapse (the
+        // fall from healthy), never suppressed, back within five clean windows.
+        let mut c = AvailabilityController::new(ControllerConfig::default());
+        for _ in 0..5 {
+            c.step(counts(50, 0));
+        }
+        for i in 0..20 {
+            c.step(if i % 3 == 0 {
+                counts(0, 2)
+            } else {
+                counts(0, 0)
+            });
+        }
+        assert!(!c.flap_suppressed(), "penalty {}", c.flap_penalty());
+        for _ in 0..5 {
+            c.step(counts(50, 0));
+        }
+        assert!(c.availability() >= 0.9, "{}", c.availability());
+        // Overflow by a few percent alternating with clean windows: shallow, never a relapse.
+        let mut c = AvailabilityController::new(ControllerConfig::default());
+        for i in 0..100 {
+            c.step(if i % 2 == 0 {
+                counts(970, 30)
+            } else {
+                counts(1000, 0)
+            });
+        }
+        assert_eq!(c.flap_penalty(), 0.0);
+        assert!(!c.flap_suppressed());
     }
 }

@@ -323,13 +323,30 @@ fn slow_primary_p95_below_ordered_and_p2c_with_affinity_and_cache_saving() {
 }
 
 #[test]
-fn flapping_primary_costs_no_client_errors() {
-    // Issue 18: flapping ≤ 0.2 % client errors (met). The weight-swing target (≤ 0.2 per
-    // interval) is not met and not asserted (docs/simulation.md).
+fn flapping_primary_costs_no_client_errors_and_its_weight_stays_steady() {
+    // Issue 18: flapping ≤ 0.2 % client errors and a steady weight swing ≤ 0.2 per interval.
+    // "Steady" is minutes 20 to 40, once flap damping (core::availability) has seen the
+    // relapses; the first bad minutes (10 to 20) still swing as an outage does. The cost of the
+    // damping, a slower return after the flapping stops, is bounded here too: the primary is
+    // back at weight ≥ 0.9 within 15 minutes of its last bad minute (39 min).
     let sc = scenario("flapping-primary.yaml");
-    let sw = run_scenario(&sc, StrategyKind::Switchyard).summary;
+    let run = run_scenario(&sc, StrategyKind::Switchyard);
+    let sw = &run.summary;
     assert!(sw.client_error_rate <= 0.002, "{sw:?}");
     assert!(sw.affinity_retention >= 0.95, "{sw:?}");
+    let (from, to) = (interval_index(&sc, 20), interval_index(&sc, 40));
+    let swing = (from..to)
+        .map(|i| (weight(&run, i + 1, 0) - weight(&run, i, 0)).abs())
+        .fold(0.0, f64::max);
+    assert!(swing <= 0.2, "weight swing {swing:.3} per interval");
+    let back = (interval_index(&sc, 39)..run.intervals.len())
+        .find(|&i| weight(&run, i, 0) >= 0.9)
+        .expect("primary never back at weight 0.9");
+    assert!(
+        back <= interval_index(&sc, 39 + 15),
+        "back at interval {back} ({} s)",
+        back as u64 * sc.interval.as_secs()
+    );
 }
 
 #[test]
