@@ -56,7 +56,7 @@
 //!
 //! **Flap damping** (after BGP route flap damping, RFC 2439): a provider that keeps failing
 //! outright, serving for a minute and failing again would otherwise ride the ramp up each time it
-//! looks clean and be knocked back to 0 at the next failure, a weight swing of 0.3–0.8 per
+//! looks clean and be knocked back at the next failure, a weight change of 0.27–0.6 per
 //! interval that moves new projects onto it and off again. Each *relapse* (a window failing
 //! outright, error signal ≤ −0.5, after a window with successes since the previous outright
 //! failure) adds 1 to a penalty that halves every `flap_half_life` intervals. At
