@@ -415,6 +415,69 @@ impl ChatChunk {
     }
 }
 
+/// The members of one `chat.completion.chunk` that a pass-through stream needs (finish
+/// reasons, delivered text for the output estimate, usage, an in-band error), read without
+/// building the whole chunk: strings borrow from the event data where they hold no escapes and
+/// every other member is skipped. The relay forwards the original event, so nothing else is
+/// needed; a [`ChatChunk`] costs a `serde_json::Value` tree per event on a hot path.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ChunkScan<'a> {
+    /// Choice deltas; empty on the usage-only chunk.
+    #[serde(default, borrow)]
+    pub choices: Vec<ChoiceScan<'a>>,
+    /// Usage, on the final usage-only chunk.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    /// A non-null `error` member: the server reported an error in-band.
+    #[serde(default)]
+    pub error: Option<serde::de::IgnoredAny>,
+}
+
+/// One choice of a [`ChunkScan`].
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ChoiceScan<'a> {
+    /// What this chunk adds.
+    #[serde(default, borrow)]
+    pub delta: DeltaScan<'a>,
+    /// Set on the last chunk of the choice.
+    #[serde(default, borrow)]
+    pub finish_reason: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The delivered text of one choice delta of a [`ChunkScan`].
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct DeltaScan<'a> {
+    /// Next piece of text.
+    #[serde(default, borrow)]
+    pub content: Option<std::borrow::Cow<'a, str>>,
+    /// Next pieces of tool calls: only their argument text.
+    #[serde(default, borrow)]
+    pub tool_calls: Option<Vec<ToolCallScan<'a>>>,
+}
+
+/// The argument text of one tool-call delta of a [`ChunkScan`].
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ToolCallScan<'a> {
+    /// `{"arguments": ...}`; the name and id are not needed.
+    #[serde(default, borrow)]
+    pub function: Option<FunctionScan<'a>>,
+}
+
+/// The argument text of one tool-call function delta.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct FunctionScan<'a> {
+    /// Next piece of the JSON arguments.
+    #[serde(default, borrow)]
+    pub arguments: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl ChunkScan<'_> {
+    /// The final chunk requested by `stream_options.include_usage`: no choices, usage set.
+    pub(crate) fn is_usage_only(&self) -> bool {
+        self.choices.is_empty() && self.usage.is_some()
+    }
+}
+
 /// One choice delta of a stream chunk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChunkChoice {

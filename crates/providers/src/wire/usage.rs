@@ -227,6 +227,25 @@ impl StreamUsage {
         }
     }
 
+    /// [`Self::observe_openai`] for the pass-through reading of a chunk
+    /// ([`openai::ChunkScan`]); the same counts.
+    pub(crate) fn observe_openai_scan(&mut self, chunk: &openai::ChunkScan<'_>) {
+        for choice in &chunk.choices {
+            if let Some(c) = &choice.delta.content {
+                self.deliver(c);
+            }
+            for tc in choice.delta.tool_calls.iter().flatten() {
+                if let Some(a) = tc.function.as_ref().and_then(|f| f.arguments.as_ref()) {
+                    self.deliver(a);
+                }
+            }
+        }
+        if let Some(u) = &chunk.usage {
+            self.reported = Some(NormalizedUsage::from_openai(u));
+            self.final_seen = true;
+        }
+    }
+
     /// Observes one Anthropic event: `message_start` sets all counts, `message_delta`
     /// replaces the counts it carries (they are cumulative).
     pub fn observe_anthropic(&mut self, event: &anthropic::StreamEvent) {

@@ -169,11 +169,15 @@ impl StreamTranslator {
         let mut out = Vec::new();
         match &mut self.mode {
             Mode::OpenAiPassthrough { client_wants_usage } => {
-                match parse_openai(ev)? {
-                    OpenAiData::Done => self.state = End::Finished,
-                    OpenAiData::Error(_) => self.state = End::Errored,
-                    OpenAiData::Chunk(chunk) => {
-                        self.usage.observe_openai(&chunk);
+                match scan_openai(ev)? {
+                    None => self.state = End::Finished,
+                    Some(chunk)
+                        if chunk.error.is_some() || ev.event.as_deref() == Some("error") =>
+                    {
+                        self.state = End::Errored
+                    }
+                    Some(chunk) => {
+                        self.usage.observe_openai_scan(&chunk);
                         self.stop_seen |= chunk.choices.iter().any(|c| c.finish_reason.is_some());
                         for c in &chunk.choices {
                             note_finish(&mut self.finish_reasons, c.finish_reason.as_deref());
@@ -275,6 +279,21 @@ fn parse_openai(ev: &SseEvent) -> Result<OpenAiData, TranslateError> {
     }
     serde_json::from_value(value)
         .map(|c| OpenAiData::Chunk(Box::new(c)))
+        .map_err(|e| TranslateError::InvalidUpstream(format!("bad chat.completion.chunk: {e}")))
+}
+
+/// The pass-through reading of an OpenAI stream event: `None` for `[DONE]`, else the chunk's
+/// members the relay needs ([`openai::ChunkScan`]).
+///
+/// Errors: [`TranslateError::InvalidUpstream`] when the data is not JSON or those members have
+/// the wrong types.
+fn scan_openai(ev: &SseEvent) -> Result<Option<openai::ChunkScan<'_>>, TranslateError> {
+    let data = ev.data.trim();
+    if data == "[DONE]" {
+        return Ok(None);
+    }
+    serde_json::from_str(data)
+        .map(Some)
         .map_err(|e| TranslateError::InvalidUpstream(format!("bad chat.completion.chunk: {e}")))
 }
 
@@ -689,6 +708,42 @@ mod tests {
             t.push(&openai_stop).unwrap();
         }
         assert_eq!(t.finish_reasons().len(), MAX_FINISH_REASONS);
+    }
+
+    #[test]
+    fn openai_passthrough_reads_usage_text_errors_and_forwards_events_unchanged() {
+        let event = |data: &str| SseItem::Event(SseEvent::data(data));
+        // Escaped text (no borrow possible), a tool-call argument, unknown members, a null error.
+        let text = event(
+            r#"{"id":"c","choices":[{"index":0,"delta":{"content":"h\u00e9llo","tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a\":1}"}}]},"logprobs":null,"finish_reason":null}],"error":null,"system_fingerprint":"x"}"#,
+        );
+        let usage = event(
+            r#"{"id":"c","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":5,"total_tokens":16}}"#,
+        );
+        let mut t = StreamTranslator::openai_passthrough(false);
+        assert_eq!(t.push(&text).unwrap(), vec![text.clone()]);
+        assert!(!t.is_errored());
+        // "héllo" (6 bytes) + `{"a":1}` (7 bytes) delivered.
+        assert_eq!(t.usage().delivered_bytes(), 13);
+        // A usage-only chunk is read but not forwarded to a client that did not ask for it.
+        assert!(t.push(&usage).unwrap().is_empty());
+        let u = t.usage().reported().unwrap();
+        assert_eq!((u.input_uncached, u.output), (11, 5));
+        let mut t = StreamTranslator::openai_passthrough(true);
+        assert_eq!(t.push(&usage).unwrap(), vec![usage.clone()]);
+        // An in-band error ends the stream as failed; a chunk that is not JSON is refused.
+        let mut t = StreamTranslator::openai_passthrough(true);
+        t.push(&event(
+            r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+        ))
+        .unwrap();
+        assert!(t.is_errored());
+        let mut t = StreamTranslator::openai_passthrough(true);
+        assert!(t.push(&event("{not json")).is_err());
+        assert!(
+            t.push(&event(r#"{"choices":[{"finish_reason":7}]}"#))
+                .is_err()
+        );
     }
 
     #[test]
