@@ -505,7 +505,7 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
         stderr.contains("a concurrency limit must not have a period"),
         "{stderr}"
     );
-    // The weighted-tier rules (issue 18 item 4): only each file's RoutingPolicy is applied (by
+    // The weighted-tier and flap-damping rules (issue 18): only each file's RoutingPolicy is applied (by
     // stdin), so the files' LLMProviders are not created in the namespace.
     for (file, message) in [
         (
@@ -519,6 +519,10 @@ async fn cluster_operator_and_router_write_status_and_api_server_enforces_cel() 
         (
             "policy-weight-on-p2c.yaml",
             "priority and weight apply only to the stickyChain strategy",
+        ),
+        (
+            "policy-flap-reuse-above-suppress.yaml",
+            "flapReuse must be below flapSuppress",
         ),
     ] {
         let text = std::fs::read_to_string(repo.join("config/examples/invalid").join(file))

@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, NAME_PATTERN};
+use switchyard_core::availability::ControllerConfig;
 
 /// Desired state of a RoutingPolicy.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -173,8 +174,11 @@ pub struct AffinitySpec {
 }
 
 /// Availability-controller settings; decimal values are strings so the spec has no floats.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("(has(self.flapReuse) ? double(self.flapReuse) : 0.5) < (has(self.flapSuppress) ? double(self.flapSuppress) : 1.5)").message("flapReuse must be below flapSuppress (defaults 0.5 and 1.5)"),
+)]
 pub struct AvailabilitySpec {
     /// Controller interval (default `30s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -196,6 +200,67 @@ pub struct AvailabilitySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DECIMAL_PATTERN))]
     pub kd: Option<String>,
+    /// Flap damping (after BGP route flap damping, RFC 2439): half-life of the relapse penalty
+    /// (default 10 intervals, `5m` at the default interval; `0s` turns flap damping off). A relapse is a window that fails outright
+    /// after the provider had served again since its previous failure; each adds 1 to the
+    /// penalty, which halves every half-life. The provider's `status.flapPenalty` shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub flap_half_life: Option<String>,
+    /// Flap damping: penalty from which the clean-window recovery ramp is held at its first step
+    /// (default `"1.5"`: a second relapse within one half-life).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub flap_suppress: Option<String>,
+    /// Flap damping: penalty below which a held ramp is released (default `"0.5"`); must be
+    /// below `flapSuppress`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DECIMAL_PATTERN))]
+    pub flap_reuse: Option<String>,
+}
+
+/// The default availability-controller interval (DESIGN §4.1).
+pub const DEFAULT_AVAILABILITY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl AvailabilitySpec {
+    /// The controller interval: `interval`, or [`DEFAULT_AVAILABILITY_INTERVAL`].
+    pub fn interval(&self) -> std::time::Duration {
+        crate::duration::or(self.interval.as_deref(), DEFAULT_AVAILABILITY_INTERVAL)
+    }
+
+    /// The controller settings this spec asks for, [`ControllerConfig::default`] for what it
+    /// leaves out (the operator and the standalone router both build their controllers from
+    /// this). The target error rate is clamped into `[1e-6, 1]`; `flapHalfLife` is converted
+    /// into intervals of [`Self::interval`]. Values that do not parse (the schema's patterns
+    /// refuse them before they get here) fall back to the defaults.
+    pub fn controller_config(&self) -> ControllerConfig {
+        fn decimal(text: Option<&str>, default: f64) -> f64 {
+            text.and_then(|t| t.parse::<f64>().ok())
+                .filter(|v| v.is_finite())
+                .unwrap_or(default)
+        }
+        let mut cfg = ControllerConfig::default();
+        cfg.target_error_rate =
+            decimal(self.target_error_rate.as_deref(), cfg.target_error_rate).clamp(1e-6, 1.0);
+        cfg.kp = decimal(self.kp.as_deref(), cfg.kp);
+        cfg.ki = decimal(self.ki.as_deref(), cfg.ki);
+        cfg.kd = decimal(self.kd.as_deref(), cfg.kd);
+        if let Some(half_life) = self
+            .flap_half_life
+            .as_deref()
+            .and_then(crate::duration::parse)
+        {
+            let interval = self.interval().as_secs_f64();
+            cfg.flap_half_life = if interval > 0.0 {
+                half_life.as_secs_f64() / interval
+            } else {
+                0.0
+            };
+        }
+        cfg.flap_suppress = decimal(self.flap_suppress.as_deref(), cfg.flap_suppress);
+        cfg.flap_reuse = decimal(self.flap_reuse.as_deref(), cfg.flap_reuse);
+        cfg
+    }
 }
 
 /// Error classes a request may fail over on (DESIGN §4.4).
@@ -293,4 +358,35 @@ pub struct ProviderWeight {
     /// Why it is ineligible, when it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: serde_json::Value) -> AvailabilitySpec {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn controller_config_takes_the_spec_and_defaults_the_rest() {
+        let d = ControllerConfig::default();
+        assert_eq!(AvailabilitySpec::default().controller_config(), d);
+        let c = spec(serde_json::json!({
+            "interval": "10s", "targetErrorRate": "0.02", "kp": "0.1",
+            "flapHalfLife": "1m", "flapSuppress": "3", "flapReuse": "1",
+        }))
+        .controller_config();
+        // The half-life is counted in the policy's intervals: 60 s / 10 s.
+        assert_eq!(c.flap_half_life, 6.0);
+        assert_eq!((c.flap_suppress, c.flap_reuse), (3.0, 1.0));
+        assert_eq!((c.target_error_rate, c.kp, c.ki), (0.02, 0.1, d.ki));
+        // 5m at the default 30 s interval is the default of 10 intervals; 0s turns damping off.
+        let at_default = spec(serde_json::json!({"flapHalfLife": "5m"})).controller_config();
+        assert_eq!(at_default.flap_half_life, d.flap_half_life);
+        let off = spec(serde_json::json!({"flapHalfLife": "0s"})).controller_config();
+        assert_eq!(off.flap_half_life, 0.0);
+        let clamped = spec(serde_json::json!({"targetErrorRate": "7"})).controller_config();
+        assert_eq!(clamped.target_error_rate, 1.0);
+    }
 }

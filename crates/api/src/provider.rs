@@ -391,6 +391,14 @@ pub struct LLMProviderStatus {
     /// Outcome counts and score of the last completed window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_window: Option<WindowStatus>,
+    /// Flap damping (RoutingPolicy `availability.flapHalfLife`): the decaying count of relapses,
+    /// windows that failed outright after the provider had served again; absent = 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flap_penalty: Option<f64>,
+    /// Flap damping holds this provider's recovery ramp at its first step (the penalty reached
+    /// `flapSuppress` and has not yet decayed below `flapReuse`); absent = false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flap_suppressed: Option<bool>,
     /// Health per modality from active probes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["modality".into()]))]

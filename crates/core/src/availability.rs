@@ -239,6 +239,25 @@ impl AvailabilityController {
         c
     }
 
+    /// Resumes flap damping at `penalty` relapses, `suppressed` or not (e.g. from
+    /// `status.flapPenalty` / `status.flapSuppressed` written before an operator restart), so a
+    /// restart does not forgive a flapping provider. NaN or negative penalties count as 0.
+    pub fn with_flap_state(mut self, penalty: f64, suppressed: bool) -> Self {
+        self.penalty = finite_or(penalty, 0.0).max(0.0);
+        self.suppressed = suppressed;
+        self
+    }
+
+    /// Takes new settings (a policy edit), keeping the availability (as
+    /// [`Self::with_availability`] resumes it) and the flap-damping state.
+    pub fn reconfigure(&mut self, cfg: ControllerConfig) {
+        let (penalty, suppressed, served) =
+            (self.penalty, self.suppressed, self.served_since_failure);
+        *self =
+            Self::with_availability(cfg, self.availability).with_flap_state(penalty, suppressed);
+        self.served_since_failure = served;
+    }
+
     /// The settings.
     pub fn config(&self) -> &ControllerConfig {
         &self.cfg
@@ -671,6 +690,42 @@ mod tests {
             c.step(counts(20, 0));
         }
         assert!(c.availability() >= 0.9, "{}", c.availability());
+    }
+
+    #[test]
+    fn controller_flap_state_survives_a_restart_and_a_reconfiguration() {
+        let mut c = AvailabilityController::new(ControllerConfig::default());
+        c.step(counts(50, 0));
+        flap(&mut c, 3);
+        assert!(c.flap_suppressed());
+        let (penalty, a) = (c.flap_penalty(), c.availability());
+        // Resumed from status (as the operator does after a restart): still held.
+        let mut resumed = AvailabilityController::with_availability(ControllerConfig::default(), a)
+            .with_flap_state(penalty, true);
+        let mut forgiven =
+            AvailabilityController::with_availability(ControllerConfig::default(), a);
+        for _ in 0..3 {
+            resumed.step(counts(20, 0));
+            forgiven.step(counts(20, 0));
+        }
+        assert!(resumed.flap_suppressed());
+        assert!(
+            resumed.availability() < forgiven.availability(),
+            "held {} vs forgiven {}",
+            resumed.availability(),
+            forgiven.availability()
+        );
+        // A policy edit keeps availability and flap state; a garbage penalty counts as none.
+        let cfg = ControllerConfig {
+            kp: 0.1,
+            ..ControllerConfig::default()
+        };
+        c.reconfigure(cfg.clone());
+        assert_eq!(c.config(), &cfg);
+        assert_eq!((c.availability(), c.flap_penalty()), (a, penalty));
+        assert!(c.flap_suppressed());
+        let d = AvailabilityController::new(cfg).with_flap_state(f64::NAN, false);
+        assert_eq!(d.flap_penalty(), 0.0);
     }
 
     #[test]

@@ -24,27 +24,20 @@ use crate::outcomes::ProviderWindow;
 use crate::status::{ProviderFigures, key_of};
 
 /// Default control interval (DESIGN §4.1).
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_INTERVAL: Duration = switchyard_api::policy::DEFAULT_AVAILABILITY_INTERVAL;
 /// Shortest interval honoured, whatever a policy asks for: the tick lists EndpointSlices and
 /// scrapes every replica, which should not run in a tight loop.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
-fn decimal(text: Option<&str>, default: f64) -> f64 {
-    text.and_then(|t| t.parse::<f64>().ok())
-        .filter(|v| v.is_finite())
-        .unwrap_or(default)
-}
-
-/// Controller settings of one policy (defaults for what it leaves out).
+/// Controller settings of one policy (defaults for what it leaves out), as
+/// [`switchyard_api::policy::AvailabilitySpec::controller_config`] builds them.
 pub fn controller_config(policy: &RoutingPolicy) -> ControllerConfig {
-    let spec = policy.spec.availability.clone().unwrap_or_default();
-    let mut cfg = ControllerConfig::default();
-    cfg.target_error_rate =
-        decimal(spec.target_error_rate.as_deref(), cfg.target_error_rate).clamp(1e-6, 1.0);
-    cfg.kp = decimal(spec.kp.as_deref(), cfg.kp);
-    cfg.ki = decimal(spec.ki.as_deref(), cfg.ki);
-    cfg.kd = decimal(spec.kd.as_deref(), cfg.kd);
-    cfg
+    policy
+        .spec
+        .availability
+        .clone()
+        .unwrap_or_default()
+        .controller_config()
 }
 
 /// The control interval for a set of policies (see the module docs).
@@ -127,16 +120,23 @@ impl ControlState {
         for p in providers {
             let key = key_of(&**p);
             let cfg = configs.get(&key).cloned().unwrap_or_default();
-            let resume = p.status.as_ref().and_then(|s| s.availability);
+            let status = p.status.as_ref();
+            let resume = status.and_then(|s| s.availability);
+            let flap = (
+                status.and_then(|s| s.flap_penalty).unwrap_or(0.0),
+                status.and_then(|s| s.flap_suppressed).unwrap_or(false),
+            );
             let control = self.providers.entry(key.clone()).or_insert_with(|| {
                 let controller = match resume {
                     Some(a) => AvailabilityController::with_availability(cfg.clone(), a),
                     None => AvailabilityController::new(cfg.clone()),
-                };
+                }
+                .with_flap_state(flap.0, flap.1);
                 ProviderControl {
                     figures: ProviderFigures {
                         availability: controller.availability(),
                         window: None,
+                        flap,
                         computed_at: None,
                         counted: Vec::new(),
                     },
@@ -144,8 +144,7 @@ impl ControlState {
                 }
             });
             if control.controller.config() != &cfg {
-                let a = control.controller.availability();
-                control.controller = AvailabilityController::with_availability(cfg, a);
+                control.controller.reconfigure(cfg);
             }
             let window = windows.get(&key).cloned().unwrap_or_default();
             let report = control
@@ -158,6 +157,10 @@ impl ControlState {
                     errors: window.provider_errors,
                     score: report.score,
                 }),
+                flap: (
+                    control.controller.flap_penalty(),
+                    control.controller.flap_suppressed(),
+                ),
                 computed_at: Some(now),
                 counted: counted(&key),
             };
@@ -244,5 +247,24 @@ mod tests {
         // A provider that is gone is forgotten.
         state.step(&[], &policies, &BTreeMap::new(), |_| Vec::new(), now);
         assert!(state.figures("ns/p").is_none());
+    }
+
+    #[test]
+    fn step_resumes_flap_damping_from_status_and_reports_it() {
+        let mut v = serde_json::to_value(&*provider("p", Some(0.3))).unwrap();
+        v["status"]["flapPenalty"] = 2.0.into();
+        v["status"]["flapSuppressed"] = true.into();
+        let providers = [Arc::new(serde_json::from_value::<LLMProvider>(v).unwrap())];
+        let policies = [policy("a", None, &["p"], None)];
+        let now = chrono::DateTime::<Utc>::UNIX_EPOCH;
+        let mut state = ControlState::new();
+        state.step(&providers, &policies, &BTreeMap::new(), |_| Vec::new(), now);
+        let (penalty, suppressed) = state.figures("ns/p").unwrap().flap;
+        // One idle interval at the default half-life (10 intervals) decays 2 by 2^-0.1.
+        assert!((penalty - 2.0 * 0.5f64.powf(0.1)).abs() < 1e-9, "{penalty}");
+        assert!(suppressed);
+        let status = crate::status::provider_status(&providers[0], &[], state.figures("ns/p"), now);
+        assert_eq!(status.flap_penalty, Some(crate::status::round(penalty)));
+        assert_eq!(status.flap_suppressed, Some(true));
     }
 }

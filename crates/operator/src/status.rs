@@ -47,6 +47,8 @@ pub struct ProviderFigures {
     pub availability: f64,
     /// The last completed window, once one completed.
     pub window: Option<WindowStatus>,
+    /// Flap damping: the relapse penalty and whether it holds the recovery ramp.
+    pub flap: (f64, bool),
     /// When the control tick that produced these figures ran.
     pub computed_at: Option<DateTime<Utc>>,
     /// How far every router replica was counted for this window (`status.counted`).
@@ -165,7 +167,7 @@ pub fn provider_status(
     let current = p.status.clone().unwrap_or_default();
     let generation = p.metadata.generation;
     let availability = round(availability_of(p, figures));
-    let (last_window, last_update_time, counted) = match figures {
+    let (last_window, last_update_time, counted, flap_penalty, flap_suppressed) = match figures {
         Some(f) if f.window.is_some() => (
             f.window.clone().map(|w| WindowStatus {
                 score: round(w.score),
@@ -173,11 +175,15 @@ pub fn provider_status(
             }),
             f.computed_at.map(time),
             f.counted.clone(),
+            Some(round(f.flap.0)).filter(|p| *p > 0.0),
+            Some(true).filter(|_| f.flap.1),
         ),
         _ => (
             current.last_window.clone(),
             current.last_update_time.clone(),
             current.counted.clone(),
+            current.flap_penalty,
+            current.flap_suppressed,
         ),
     };
     let conditions = vec![
@@ -199,6 +205,8 @@ pub fn provider_status(
     LLMProviderStatus {
         availability: Some(availability),
         last_window,
+        flap_penalty,
+        flap_suppressed,
         health: current.health,
         last_update_time,
         conditions,

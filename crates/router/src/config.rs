@@ -278,12 +278,6 @@ fn class_of(c: FallbackErrorClass) -> Vec<ErrorClass> {
     }
 }
 
-fn decimal(text: Option<&str>, default: f64) -> f64 {
-    text.and_then(|t| t.parse::<f64>().ok())
-        .filter(|v| v.is_finite())
-        .unwrap_or(default)
-}
-
 /// A decimal USD amount (`"3"`, `"0.30"`, `"3.75"`) in micro-USD, exactly (no floats):
 /// digits past the sixth decimal are dropped. `None` when the text is not a decimal.
 pub fn usd_to_micro(text: &str) -> Option<u64> {
@@ -569,15 +563,7 @@ fn build_route(
     let fallback = spec.fallback.clone().unwrap_or_default();
     let affinity = spec.affinity.clone().unwrap_or_default();
     let availability = spec.availability.clone().unwrap_or_default();
-    let mut controller = ControllerConfig::default();
-    controller.target_error_rate = decimal(
-        availability.target_error_rate.as_deref(),
-        controller.target_error_rate,
-    )
-    .clamp(1e-6, 1.0);
-    controller.kp = decimal(availability.kp.as_deref(), controller.kp);
-    controller.ki = decimal(availability.ki.as_deref(), controller.ki);
-    controller.kd = decimal(availability.kd.as_deref(), controller.kd);
+    let controller = availability.controller_config();
     let mut route_providers = Vec::new();
     let mut provider_names = Vec::new();
     let mut tier_fields = Vec::new();
@@ -668,7 +654,7 @@ fn build_route(
             .unwrap_or_else(|| "x-project-id".to_owned())
             .to_ascii_lowercase(),
         pin: duration::or(affinity.pin_duration.as_deref(), Duration::from_secs(300)),
-        interval: duration::or(availability.interval.as_deref(), Duration::from_secs(30)),
+        interval: availability.interval(),
         controller,
         fallback_on,
         max_attempts,

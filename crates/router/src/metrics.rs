@@ -133,6 +133,8 @@ pub struct Metrics {
     pub tokens: Family<TokenLabels, Counter>,
     /// Availability from the controller.
     pub availability: Family<ProviderLabel, Gauge<f64, AtomicU64>>,
+    /// Flap-damping relapse penalty of the in-process controller, by provider.
+    pub flap_penalty: Family<ProviderLabel, Gauge<f64, AtomicU64>>,
     /// Cascade weight per route and provider.
     pub weight: Family<RouteProvider, Gauge<f64, AtomicU64>>,
     /// Seconds left of a Retry-After or exhaustion pause on the provider (or its quota group).
@@ -189,6 +191,7 @@ impl Metrics {
             ttft: Family::new_with_constructor(latency_histogram),
             tokens: Family::default(),
             availability: Family::default(),
+            flap_penalty: Family::default(),
             weight: Family::default(),
             paused_seconds: Family::default(),
             circuit_open: Family::default(),
@@ -245,6 +248,11 @@ impl Metrics {
             "provider_availability",
             "Availability computed by the PID controller",
             m.availability.clone(),
+        );
+        registry.register(
+            "provider_flap_penalty",
+            "Flap-damping relapse penalty of the in-process availability controller",
+            m.flap_penalty.clone(),
         );
         registry.register("route_weight", "Priority-cascade weight", m.weight.clone());
         registry.register(

@@ -145,6 +145,10 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
             .availability
             .get_or_create(&label)
             .set(s.availability());
+        app.metrics
+            .flap_penalty
+            .get_or_create(&label)
+            .set(s.flap().0);
         let open = !matches!(
             crate::state::lock(&s.breaker).state(app.clock.now()),
             switchyard_core::breaker::BreakerState::Closed

@@ -194,6 +194,13 @@ impl ProviderState {
         self.availability_bits.store(a.to_bits(), Ordering::Relaxed);
     }
 
+    /// Flap damping: the relapse penalty and whether it holds the recovery ramp
+    /// (`switchyard_core::availability`, "Flap damping").
+    pub fn flap(&self) -> (f64, bool) {
+        let guard = lock(&self.controller);
+        (guard.0.flap_penalty(), guard.0.flap_suppressed())
+    }
+
     /// The last completed window.
     pub fn last_window(&self) -> Window {
         lock(&self.controller).2
@@ -206,8 +213,7 @@ impl ProviderState {
         let mut guard = lock(&self.controller);
         let (controller, last, window) = &mut *guard;
         if controller.config() != cfg {
-            *controller =
-                AvailabilityController::with_availability(cfg.clone(), controller.availability());
+            controller.reconfigure(cfg.clone());
         }
         // Skips of a paused or open provider count as the simulator measured them
         // (`window_counts`): the same rule on both sides of the equivalence.

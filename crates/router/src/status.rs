@@ -193,6 +193,7 @@ pub fn snapshot_with_usage(app: &App, usage: &HashMap<String, Vec<LimitUsage>>) 
         .map(|(p, s)| {
             let availability = s.availability();
             let window = s.last_window();
+            let flap = s.flap();
             let ready = match &p.client {
                 Ok(c) if let Some(problem) = c.credential_problem() => t.condition(
                     &p.key,
@@ -257,6 +258,8 @@ pub fn snapshot_with_usage(app: &App, usage: &HashMap<String, Vec<LimitUsage>>) 
                         errors: window.errors,
                         score: r.score,
                     }),
+                    flap_penalty: Some(flap.0).filter(|p| *p > 0.0),
+                    flap_suppressed: Some(true).filter(|_| flap.1),
                     health: app.runtime.health.status(&p.key, app.clock.now()),
                     last_update_time: window.report.map(|_| time(now)),
                     conditions,
