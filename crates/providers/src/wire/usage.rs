@@ -172,6 +172,23 @@ pub struct GeminiUsageMetadata {
     pub total_token_count: Option<u64>,
 }
 
+/// The delivered text pieces of an OpenAI chunk, full ([`openai::ChatChunk`]) or scanned
+/// ([`openai::ChunkScan`]), which have the same shape: every choice's content, then its tool
+/// calls' argument pieces.
+macro_rules! openai_texts {
+    ($chunk:expr) => {
+        $chunk.choices.iter().flat_map(|choice| {
+            let args = choice
+                .delta
+                .tool_calls
+                .iter()
+                .flatten()
+                .filter_map(|tc| tc.function.as_ref().and_then(|f| f.arguments.as_deref()));
+            choice.delta.content.as_deref().into_iter().chain(args)
+        })
+    };
+}
+
 /// Usage accumulated over one stream, whatever the dialect.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[allow(unpredictable_function_pointer_comparisons)] // compared in tests for the figures only
@@ -211,36 +228,25 @@ impl StreamUsage {
 
     /// Observes one OpenAI chunk: content sizes, and the usage if the chunk carries any.
     pub fn observe_openai(&mut self, chunk: &openai::ChatChunk) {
-        for choice in &chunk.choices {
-            if let Some(c) = &choice.delta.content {
-                self.deliver(c);
-            }
-            for tc in choice.delta.tool_calls.iter().flatten() {
-                if let Some(a) = tc.function.as_ref().and_then(|f| f.arguments.as_ref()) {
-                    self.deliver(a);
-                }
-            }
-        }
-        if let Some(u) = &chunk.usage {
-            self.reported = Some(NormalizedUsage::from_openai(u));
-            self.final_seen = true;
-        }
+        self.observe_openai_parts(openai_texts!(chunk), chunk.usage.as_ref());
     }
 
     /// [`Self::observe_openai`] for the pass-through reading of a chunk
     /// ([`openai::ChunkScan`]); the same counts.
     pub(crate) fn observe_openai_scan(&mut self, chunk: &openai::ChunkScan<'_>) {
-        for choice in &chunk.choices {
-            if let Some(c) = &choice.delta.content {
-                self.deliver(c);
-            }
-            for tc in choice.delta.tool_calls.iter().flatten() {
-                if let Some(a) = tc.function.as_ref().and_then(|f| f.arguments.as_ref()) {
-                    self.deliver(a);
-                }
-            }
+        self.observe_openai_parts(openai_texts!(chunk), chunk.usage.as_ref());
+    }
+
+    /// One OpenAI chunk's delivered text pieces (content, tool arguments) and its usage.
+    fn observe_openai_parts<'t>(
+        &mut self,
+        texts: impl Iterator<Item = &'t str>,
+        usage: Option<&openai::Usage>,
+    ) {
+        for text in texts {
+            self.deliver(text);
         }
-        if let Some(u) = &chunk.usage {
+        if let Some(u) = usage {
             self.reported = Some(NormalizedUsage::from_openai(u));
             self.final_seen = true;
         }
