@@ -426,6 +426,17 @@ pub struct LLMProviderStatus {
     pub counted: Vec<ReplicaCounted>,
 }
 
+impl LLMProviderStatus {
+    /// Sets `flapPenalty` (rounded to 4 decimals, absent at 0) and `flapSuppressed` (absent
+    /// when false) from a controller's flap-damping state; the operator and the standalone
+    /// router write them the same way.
+    pub fn set_flap(&mut self, penalty: f64, suppressed: bool) {
+        let penalty = (penalty * 10_000.0).round() / 10_000.0;
+        self.flap_penalty = Some(penalty).filter(|p| p.is_finite() && *p > 0.0);
+        self.flap_suppressed = Some(true).filter(|_| suppressed);
+    }
+}
+
 /// One router replica's counters for one provider as far as the leader has counted them
 /// (the figures of that replica's `GET /outcomes`, `crate::outcomes::ProviderOutcomes`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use switchyard_api::duration;
 use switchyard_api::provider::{ReplicaCounted, WindowStatus};
 use switchyard_api::{LLMProvider, RoutingPolicy};
 use switchyard_core::availability::{AvailabilityController, ControllerConfig};
@@ -45,13 +44,10 @@ pub fn interval<'a>(policies: impl IntoIterator<Item = &'a RoutingPolicy>) -> Du
     policies
         .into_iter()
         .map(|p| {
-            duration::or(
-                p.spec
-                    .availability
-                    .as_ref()
-                    .and_then(|a| a.interval.as_deref()),
-                DEFAULT_INTERVAL,
-            )
+            p.spec
+                .availability
+                .as_ref()
+                .map_or(DEFAULT_INTERVAL, |a| a.interval())
         })
         .min()
         .unwrap_or(DEFAULT_INTERVAL)

@@ -167,7 +167,7 @@ pub fn provider_status(
     let current = p.status.clone().unwrap_or_default();
     let generation = p.metadata.generation;
     let availability = round(availability_of(p, figures));
-    let (last_window, last_update_time, counted, flap_penalty, flap_suppressed) = match figures {
+    let (last_window, last_update_time, counted, flap) = match figures {
         Some(f) if f.window.is_some() => (
             f.window.clone().map(|w| WindowStatus {
                 score: round(w.score),
@@ -175,15 +175,13 @@ pub fn provider_status(
             }),
             f.computed_at.map(time),
             f.counted.clone(),
-            Some(round(f.flap.0)).filter(|p| *p > 0.0),
-            Some(true).filter(|_| f.flap.1),
+            Some(f.flap),
         ),
         _ => (
             current.last_window.clone(),
             current.last_update_time.clone(),
             current.counted.clone(),
-            current.flap_penalty,
-            current.flap_suppressed,
+            None,
         ),
     };
     let conditions = vec![
@@ -202,17 +200,21 @@ pub fn provider_status(
             now,
         ),
     ];
-    LLMProviderStatus {
+    let mut status = LLMProviderStatus {
         availability: Some(availability),
         last_window,
-        flap_penalty,
-        flap_suppressed,
+        flap_penalty: current.flap_penalty,
+        flap_suppressed: current.flap_suppressed,
         health: current.health,
         last_update_time,
         conditions,
         observed_generation: generation,
         counted,
+    };
+    if let Some((penalty, suppressed)) = flap {
+        status.set_flap(penalty, suppressed);
     }
+    status
 }
 
 /// The wanted status of a RoutingPolicy.

@@ -248,24 +248,26 @@ pub fn snapshot_with_usage(app: &App, usage: &HashMap<String, Vec<LimitUsage>>) 
             if p.probes.is_some() {
                 conditions.push(probes_condition(app, p, now));
             }
+            let mut status = LLMProviderStatus {
+                availability: Some(availability),
+                last_window: window.report.map(|r| WindowStatus {
+                    successes: window.successes,
+                    errors: window.errors,
+                    score: r.score,
+                }),
+                flap_penalty: None,
+                flap_suppressed: None,
+                health: app.runtime.health.status(&p.key, app.clock.now()),
+                last_update_time: window.report.map(|_| time(now)),
+                conditions,
+                observed_generation: p.generation,
+                counted: Vec::new(),
+            };
+            status.set_flap(flap.0, flap.1);
             Named {
                 namespace: p.namespace.clone(),
                 name: p.name.clone(),
-                status: LLMProviderStatus {
-                    availability: Some(availability),
-                    last_window: window.report.map(|r| WindowStatus {
-                        successes: window.successes,
-                        errors: window.errors,
-                        score: r.score,
-                    }),
-                    flap_penalty: Some(flap.0).filter(|p| *p > 0.0),
-                    flap_suppressed: Some(true).filter(|_| flap.1),
-                    health: app.runtime.health.status(&p.key, app.clock.now()),
-                    last_update_time: window.report.map(|_| time(now)),
-                    conditions,
-                    observed_generation: p.generation,
-                    counted: Vec::new(),
-                },
+                status,
             }
         })
         .collect();
