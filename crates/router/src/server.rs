@@ -1121,11 +1121,35 @@ async fn accept_loop(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "failed to set TCP_NODELAY on a client connection");
         }
+        // The accepted socket is registered with the reactor of the runtime that accepted it.
+        // A connection served on a shard must be registered with the shard's own reactor:
+        // otherwise every readiness event of the client socket is seen by the shared runtime's
+        // I/O driver, which then wakes the shard through its eventfd (a thread hop and two
+        // context switches per event; 7.7 % of the router's samples in the 2026-12-07 profile,
+        // docs/profile.md). `into_std` deregisters it; `from_std` on the shard registers it there.
+        let stream = if shards.is_none() {
+            ClientSocket::Registered(stream)
+        } else {
+            match stream.into_std() {
+                Ok(std) => ClientSocket::Detached(std),
+                Err(e) => {
+                    tracing::warn!(error = %e, "failed to detach a client connection from the acceptor");
+                    continue;
+                }
+            }
+        };
         let app = app.clone();
         let mut stop = stop_rx.clone();
         let header_timeout = options.header_read_timeout;
         let connection = async move {
             let _permit = permit;
+            let stream = match stream.register() {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "failed to register a client connection on its shard");
+                    return;
+                }
+            };
             let service =
                 hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
                     let mut app = app.clone();
@@ -1163,6 +1187,27 @@ async fn accept_loop(
     while conns.join_next().await.is_some() {}
     drop(shards);
     Ok(())
+}
+
+/// An accepted client socket on its way to the runtime that serves it.
+enum ClientSocket {
+    /// Registered with the accepting runtime's reactor, served there (no shards).
+    Registered(tokio::net::TcpStream),
+    /// Deregistered (non-blocking, as `into_std` leaves it), to be registered by the shard.
+    Detached(std::net::TcpStream),
+}
+
+impl ClientSocket {
+    /// The socket registered with the current runtime's reactor.
+    ///
+    /// # Errors
+    /// The reactor refused the registration (e.g. out of memory for the epoll entry).
+    fn register(self) -> std::io::Result<tokio::net::TcpStream> {
+        match self {
+            ClientSocket::Registered(stream) => Ok(stream),
+            ClientSocket::Detached(std) => tokio::net::TcpStream::from_std(std),
+        }
+    }
 }
 
 #[cfg(test)]
