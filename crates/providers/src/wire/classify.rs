@@ -61,15 +61,10 @@ pub fn classify_openai(ev: &SseEvent) -> StreamClass {
     if data == "[DONE]" {
         return StreamClass::Finish;
     }
-    // Fast path: the typed parse succeeds for every normal chunk; only the rare error or
-    // malformed payload pays for a second, untyped parse.
-    let chunk = match serde_json::from_str::<openai::ChatChunk>(data) {
-        Ok(chunk)
-            if ev.event.as_deref() != Some("error")
-                && chunk.extra.get("error").is_none_or(Value::is_null) =>
-        {
-            chunk
-        }
+    // Fast path: the borrowed scan (only the members classification reads) succeeds for every
+    // normal chunk; only the rare error or malformed payload pays for a second, untyped parse.
+    let chunk = match serde_json::from_str::<openai::ChunkScan<'_>>(data) {
+        Ok(chunk) if ev.event.as_deref() != Some("error") && chunk.error.is_none() => chunk,
         _ => {
             return match serde_json::from_str::<Value>(data) {
                 Ok(value)
@@ -87,7 +82,7 @@ pub fn classify_openai(ev: &SseEvent) -> StreamClass {
     }
     let mut finished = false;
     for choice in &chunk.choices {
-        if delta_has_content(&choice.delta) {
+        if choice.delta.has_content() {
             return StreamClass::Content;
         }
         finished |= choice.finish_reason.is_some();
@@ -97,14 +92,6 @@ pub fn classify_openai(ev: &SseEvent) -> StreamClass {
     } else {
         StreamClass::Preamble
     }
-}
-
-fn delta_has_content(delta: &openai::Delta) -> bool {
-    let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
-    delta.content.as_deref().is_some_and(|c| !c.is_empty())
-        || delta.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
-        || non_empty(delta.extra.get("refusal"))
-        || non_empty(delta.extra.get("reasoning_content"))
 }
 
 /// Classifies one Anthropic stream event (by its JSON `type`; the SSE `event:` name is only
@@ -186,6 +173,31 @@ mod tests {
             r#"{{{HEAD},"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"function":{{"arguments":"{{"}}}}]}}}}]}}"#
         );
         assert_eq!(oa(&data), StreamClass::Content);
+    }
+
+    #[test]
+    fn classify_openai_refusal_and_reasoning_are_content_only_when_non_empty() {
+        let delta = |d: &str| {
+            oa(&format!(
+                r#"{{{HEAD},"choices":[{{"index":0,"delta":{d},"finish_reason":null}}]}}"#
+            ))
+        };
+        assert_eq!(delta(r#"{"refusal":"I can't"}"#), StreamClass::Content);
+        assert_eq!(
+            delta(r#"{"reasoning_content":"Let me"}"#),
+            StreamClass::Content
+        );
+        assert_eq!(
+            delta(r#"{"refusal":null,"content":""}"#),
+            StreamClass::Preamble
+        );
+        assert_eq!(delta(r#"{"reasoning_content":""}"#), StreamClass::Preamble);
+        // A server that puts something other than a string there has not delivered text.
+        assert_eq!(
+            delta(r#"{"refusal":{"a":[1,2]},"reasoning_content":7}"#),
+            StreamClass::Preamble
+        );
+        assert_eq!(delta(r#"{"tool_calls":[]}"#), StreamClass::Preamble);
     }
 
     #[test]

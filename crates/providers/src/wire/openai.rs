@@ -453,6 +453,72 @@ pub(crate) struct DeltaScan<'a> {
     /// Next pieces of tool calls: only their argument text.
     #[serde(default, borrow)]
     pub tool_calls: Option<Vec<ToolCallScan<'a>>>,
+    /// A non-empty `refusal` string (any other value, `null` or absent: `false`).
+    #[serde(default, rename = "refusal", deserialize_with = "non_empty_string")]
+    pub has_refusal: bool,
+    /// A non-empty `reasoning_content` string, as reasoning models stream their thinking.
+    #[serde(
+        default,
+        rename = "reasoning_content",
+        deserialize_with = "non_empty_string"
+    )]
+    pub has_reasoning: bool,
+}
+
+impl DeltaScan<'_> {
+    /// Whether the delta delivers anything (text, tool calls, a refusal, reasoning): what
+    /// commits a stream ([`crate::wire::classify`]).
+    pub(crate) fn has_content(&self) -> bool {
+        self.content.as_deref().is_some_and(|c| !c.is_empty())
+            || self.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+            || self.has_refusal
+            || self.has_reasoning
+    }
+}
+
+/// Reads any JSON value: `true` for a non-empty string, `false` for anything else (skipped
+/// without building it).
+fn non_empty_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    struct NonEmpty;
+    impl<'de> serde::de::Visitor<'de> for NonEmpty {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<bool, E> {
+            Ok(!v.is_empty())
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(false)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            while map
+                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                .is_some()
+            {}
+            Ok(false)
+        }
+    }
+    d.deserialize_any(NonEmpty)
 }
 
 /// The argument text of one tool-call delta of a [`ChunkScan`].
