@@ -170,6 +170,7 @@ fn init_logging(otel: Option<&otel::Otel>) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(filter);
     let traces = otel.map(|o| {
+        switchyard_router::telemetry::enable_export();
         tracing_opentelemetry::layer()
             .with_tracer(o.tracer())
             .with_location(false)
