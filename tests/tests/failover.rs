@@ -54,6 +54,16 @@ async fn rate_limit_429_retry_after_20_fails_over_at_once_and_pauses_provider() 
         "failover waited {:?} instead of moving on at once",
         first.elapsed
     );
+    // The failed attempt is logged (at the default level) under the request's context.
+    let id = first.headers["x-request-id"].to_str().unwrap().to_owned();
+    let log = stack.router.output();
+    let line = log
+        .lines()
+        .find(|l| l.contains("attempt failed") && l.contains(&id))
+        .unwrap_or_else(|| panic!("no `attempt failed` line with request id {id}:\n{log}"));
+    for field in ["request{route=e2e/", "tenant=", "provider=e2e/p1"] {
+        assert!(line.contains(field), "{field} missing from {line}");
+    }
     // 3 s of traffic, same and fresh projects: nothing reaches p1 while it is paused.
     let t0 = Instant::now();
     let mut i = 0;
