@@ -1480,6 +1480,13 @@ struct UsageOnly {
     usage: Option<openai::Usage>,
 }
 
+/// The `usage` member of an OpenAI embeddings response; the vectors are skipped unbuilt.
+#[derive(serde::Deserialize)]
+struct EmbeddingsUsageOnly {
+    #[serde(default)]
+    usage: Option<openai::EmbeddingsUsage>,
+}
+
 /// Translates a whole upstream response into the client's dialect, with its usage.
 fn translate_response(
     app: &App,
@@ -1523,11 +1530,16 @@ fn translate_response(
             ))
         }
         (ClientOp::Embeddings, _) => {
-            let v: Value = serde_json::from_slice(body).map_err(parse_err)?;
-            let prompt = v
-                .pointer("/usage/prompt_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0);
+            // Typed, so the vectors are skipped unbuilt (a `Value` tree of every float cost more
+            // than the rest of the answer); a `usage` of another shape still reads as 0 tokens.
+            let prompt = match serde_json::from_slice::<EmbeddingsUsageOnly>(body) {
+                Ok(r) => r.usage.map_or(0, |u| u.prompt_tokens),
+                Err(_) => serde_json::from_slice::<Value>(body)
+                    .map_err(parse_err)?
+                    .pointer("/usage/prompt_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
+            };
             Ok((
                 body.clone(),
                 Some(NormalizedUsage {
@@ -1537,7 +1549,7 @@ fn translate_response(
             ))
         }
         (ClientOp::Rerank, _) => {
-            let _: Value = serde_json::from_slice(body).map_err(parse_err)?;
+            let _: serde::de::IgnoredAny = serde_json::from_slice(body).map_err(parse_err)?;
             Ok((body.clone(), None))
         }
         (ClientOp::Transcription, _) => {
