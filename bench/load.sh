@@ -7,6 +7,8 @@
 #   TRACED=1 bench/load.sh        # also a router exporting OpenTelemetry traces (~4 min more)
 #   BASELINE_BIN=/tmp/old/switchyard BASELINE_LABEL=b808a34 bench/load.sh
 #                                 # also an older build of the router, same manifests (before/after)
+#   PROFILE=docs/img/flame LIMITS=0 NGINX=0 bench/load.sh
+#                                 # no matrix: a flame graph of the router per mode (see below)
 #
 # What it does, in one run:
 #   1. installs wrk and nginx-light (Debian packages) if missing, builds `switchyard` in release
@@ -51,6 +53,14 @@
 # report, e.g. a commit), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as
 # shipped), REPORT (docs/benchmarks.md), RESULTS (bench/results).
 #
+# PROFILE=PREFIX replaces the matrix and the memory run with profiles: for each of MODES, wrk
+# drives the plain router at PROFILE_CONC (16) for PROFILE_SECONDS (8) while `perf record -F 999
+# --call-graph dwarf` samples it; the stacks are folded (inferno, `cargo install inferno`),
+# their names shortened (bench/fold_short.py: no hashes, no generic arguments) and drawn into
+# PREFIX-MODE.svg (frames under 1 px left out); the folded stacks are kept in
+# PREFIX-MODE.folded, for bench/fold_top.py (self and inclusive shares by function).
+# Needs perf (Debian's linux-perf) and the binary's line tables (the release profile has them).
+#
 # Needs python3 and curl; the figures in docs/benchmarks.md were taken with NICE=-10.
 set -euo pipefail
 
@@ -59,7 +69,7 @@ cd "$ROOT"
 
 # The exact command, with the knobs that were set, for the report.
 COMMAND_LINE="bench/load.sh"
-for knob in SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS NGINX MODES TRACED ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
+for knob in SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS NGINX MODES TRACED PROFILE PROFILE_CONC PROFILE_SECONDS ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
   if [[ -n "${!knob+x}" ]]; then
     COMMAND_LINE="$knob='${!knob}' $COMMAND_LINE"
   fi
@@ -426,6 +436,34 @@ for url in "${PROBE_URLS[@]}"; do
     '{"model":"bench-chat","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
   probe "$url" /v1/embeddings '{"model":"bench-embed","input":"hi"}'
 done
+
+# --- profiles (PROFILE=PREFIX: instead of the matrix) -----------------------------------
+if [[ -n "${PROFILE:-}" ]]; then
+  for tool in perf inferno-collapse-perf inferno-flamegraph; do
+    command -v "$tool" >/dev/null || { echo "PROFILE needs $tool" >&2; exit 1; }
+  done
+  mkdir -p "$(dirname "$PROFILE")"
+  for mode in $MODES; do
+    path=/v1/chat/completions
+    [[ "$mode" == embed ]] && path=/v1/embeddings
+    BENCH_MODE="$mode" BENCH_KEY="$KEY" "${RUN[@]}" wrk -t 2 -c "${PROFILE_CONC:-16}" \
+      -d "$((${PROFILE_SECONDS:-8} + 2))s" -s "$ROOT/bench/chat.lua" \
+      "http://127.0.0.1:$ROUTER_PORT$path" >"$WORK/profile-wrk.txt" &
+    wrk_pid=$!
+    sleep 1
+    log "profiling the router, $mode at concurrency ${PROFILE_CONC:-16}"
+    perf record -q -F 999 --call-graph dwarf,32768 -p "$ROUTER_PID" -o "$WORK/perf.data" \
+      -- sleep "${PROFILE_SECONDS:-8}" 2>>"$WORK/perf.log"
+    wait "$wrk_pid"
+    grep '^BENCH_RESULT ' "$WORK/profile-wrk.txt" >&2 || true
+    perf script -i "$WORK/perf.data" 2>/dev/null | inferno-collapse-perf |
+      python3 "$ROOT/bench/fold_short.py" >"$PROFILE-$mode.folded"
+    inferno-flamegraph --minwidth 1 --title "switchyard router, $mode, concurrency ${PROFILE_CONC:-16} ($(git rev-parse --short HEAD))" \
+      <"$PROFILE-$mode.folded" >"$PROFILE-$mode.svg"
+    log "wrote $PROFILE-$mode.svg ($(wc -l <"$PROFILE-$mode.folded") distinct stacks)"
+  done
+  exit 0
+fi
 
 # --- matrix ------------------------------------------------------------------------------
 mkdir -p "$RESULTS"
