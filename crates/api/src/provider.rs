@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use switchyard_core::availability::FlapState;
 
 use crate::common::{DECIMAL_PATTERN, DURATION_PATTERN, Limit, SecretKeyRef};
 
@@ -430,10 +431,18 @@ impl LLMProviderStatus {
     /// Sets `flapPenalty` (rounded to 4 decimals, absent at 0) and `flapSuppressed` (absent
     /// when false) from a controller's flap-damping state; the operator and the standalone
     /// router write them the same way.
-    pub fn set_flap(&mut self, penalty: f64, suppressed: bool) {
-        let penalty = (penalty * 10_000.0).round() / 10_000.0;
+    pub fn set_flap(&mut self, flap: FlapState) {
+        let penalty = (flap.penalty * 10_000.0).round() / 10_000.0;
         self.flap_penalty = Some(penalty).filter(|p| p.is_finite() && *p > 0.0);
-        self.flap_suppressed = Some(true).filter(|_| suppressed);
+        self.flap_suppressed = Some(true).filter(|_| flap.suppressed);
+    }
+
+    /// The flap-damping state written by [`Self::set_flap`] (absent fields: 0 and false).
+    pub fn flap(&self) -> FlapState {
+        FlapState {
+            penalty: self.flap_penalty.unwrap_or(0.0),
+            suppressed: self.flap_suppressed.unwrap_or(false),
+        }
     }
 }
 

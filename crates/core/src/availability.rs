@@ -208,6 +208,18 @@ fn finite_or(x: f64, fallback: f64) -> f64 {
     if x.is_finite() { x } else { fallback }
 }
 
+/// A controller's flap-damping state ([`AvailabilityController::flap_state`]): what LLMProvider
+/// status shows (`flapPenalty`, `flapSuppressed`) and a restarted controller resumes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FlapState {
+    /// Decaying count of relapses (windows that failed outright after the provider had served
+    /// again); 0 without any.
+    pub penalty: f64,
+    /// The penalty reached `flap_suppress` and has not decayed below `flap_reuse`: the
+    /// clean-window recovery ramp is held at its first step.
+    pub suppressed: bool,
+}
+
 impl AvailabilityController {
     /// A controller at availability 1 (a new provider is trusted until it fails).
     pub fn new(cfg: ControllerConfig) -> Self {
@@ -239,22 +251,20 @@ impl AvailabilityController {
         c
     }
 
-    /// Resumes flap damping at `penalty` relapses, `suppressed` or not (e.g. from
-    /// `status.flapPenalty` / `status.flapSuppressed` written before an operator restart), so a
-    /// restart does not forgive a flapping provider. NaN or negative penalties count as 0.
-    pub fn with_flap_state(mut self, penalty: f64, suppressed: bool) -> Self {
-        self.penalty = finite_or(penalty, 0.0).max(0.0);
-        self.suppressed = suppressed;
+    /// Resumes flap damping at `flap` (e.g. from `status.flapPenalty` / `status.flapSuppressed`
+    /// written before an operator restart), so a restart does not forgive a flapping provider.
+    /// NaN or negative penalties count as 0.
+    pub fn with_flap_state(mut self, flap: FlapState) -> Self {
+        self.penalty = finite_or(flap.penalty, 0.0).max(0.0);
+        self.suppressed = flap.suppressed;
         self
     }
 
     /// Takes new settings (a policy edit), keeping the availability (as
     /// [`Self::with_availability`] resumes it) and the flap-damping state.
     pub fn reconfigure(&mut self, cfg: ControllerConfig) {
-        let (penalty, suppressed, served) =
-            (self.penalty, self.suppressed, self.served_since_failure);
-        *self =
-            Self::with_availability(cfg, self.availability).with_flap_state(penalty, suppressed);
+        let (flap, served) = (self.flap_state(), self.served_since_failure);
+        *self = Self::with_availability(cfg, self.availability).with_flap_state(flap);
         self.served_since_failure = served;
     }
 
@@ -314,6 +324,14 @@ impl AvailabilityController {
     /// The flap-damping penalty (decaying count of relapses; 0 without any).
     pub fn flap_penalty(&self) -> f64 {
         self.penalty
+    }
+
+    /// The flap-damping state, as status shows it and [`Self::with_flap_state`] resumes it.
+    pub fn flap_state(&self) -> FlapState {
+        FlapState {
+            penalty: self.penalty,
+            suppressed: self.suppressed,
+        }
     }
 
     /// Decays the relapse penalty by one interval, adds this window's relapse and moves the
@@ -701,7 +719,10 @@ mod tests {
         let (penalty, a) = (c.flap_penalty(), c.availability());
         // Resumed from status (as the operator does after a restart): still held.
         let mut resumed = AvailabilityController::with_availability(ControllerConfig::default(), a)
-            .with_flap_state(penalty, true);
+            .with_flap_state(FlapState {
+                penalty,
+                suppressed: true,
+            });
         let mut forgiven =
             AvailabilityController::with_availability(ControllerConfig::default(), a);
         for _ in 0..3 {
@@ -724,7 +745,10 @@ mod tests {
         assert_eq!(c.config(), &cfg);
         assert_eq!((c.availability(), c.flap_penalty()), (a, penalty));
         assert!(c.flap_suppressed());
-        let d = AvailabilityController::new(cfg).with_flap_state(f64::NAN, false);
+        let d = AvailabilityController::new(cfg).with_flap_state(FlapState {
+            penalty: f64::NAN,
+            suppressed: false,
+        });
         assert_eq!(d.flap_penalty(), 0.0);
     }
 

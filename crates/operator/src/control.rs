@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use switchyard_api::provider::{ReplicaCounted, WindowStatus};
+use switchyard_api::provider::{LLMProviderStatus, ReplicaCounted, WindowStatus};
 use switchyard_api::{LLMProvider, RoutingPolicy};
 use switchyard_core::availability::{AvailabilityController, ControllerConfig};
 
@@ -118,16 +118,13 @@ impl ControlState {
             let cfg = configs.get(&key).cloned().unwrap_or_default();
             let status = p.status.as_ref();
             let resume = status.and_then(|s| s.availability);
-            let flap = (
-                status.and_then(|s| s.flap_penalty).unwrap_or(0.0),
-                status.and_then(|s| s.flap_suppressed).unwrap_or(false),
-            );
+            let flap = status.map(LLMProviderStatus::flap).unwrap_or_default();
             let control = self.providers.entry(key.clone()).or_insert_with(|| {
                 let controller = match resume {
                     Some(a) => AvailabilityController::with_availability(cfg.clone(), a),
                     None => AvailabilityController::new(cfg.clone()),
                 }
-                .with_flap_state(flap.0, flap.1);
+                .with_flap_state(flap);
                 ProviderControl {
                     figures: ProviderFigures {
                         availability: controller.availability(),
@@ -153,10 +150,7 @@ impl ControlState {
                     errors: window.provider_errors,
                     score: report.score,
                 }),
-                flap: (
-                    control.controller.flap_penalty(),
-                    control.controller.flap_suppressed(),
-                ),
+                flap: control.controller.flap_state(),
                 computed_at: Some(now),
                 counted: counted(&key),
             };
@@ -255,10 +249,11 @@ mod tests {
         let now = chrono::DateTime::<Utc>::UNIX_EPOCH;
         let mut state = ControlState::new();
         state.step(&providers, &policies, &BTreeMap::new(), |_| Vec::new(), now);
-        let (penalty, suppressed) = state.figures("ns/p").unwrap().flap;
+        let flap = state.figures("ns/p").unwrap().flap;
+        let penalty = flap.penalty;
         // One idle interval at the default half-life (10 intervals) decays 2 by 2^-0.1.
         assert!((penalty - 2.0 * 0.5f64.powf(0.1)).abs() < 1e-9, "{penalty}");
-        assert!(suppressed);
+        assert!(flap.suppressed);
         let status = crate::status::provider_status(&providers[0], &[], state.figures("ns/p"), now);
         assert_eq!(status.flap_penalty, Some(crate::status::round(penalty)));
         assert_eq!(status.flap_suppressed, Some(true));

@@ -36,6 +36,7 @@ use switchyard_api::policy::{ProviderWeight, RoutingPolicyStatus};
 use switchyard_api::provider::{LLMProviderStatus, WindowStatus};
 use switchyard_api::tenant::TenantQuotaStatus;
 use switchyard_api::{LLMProvider, RoutingPolicy, TenantQuota};
+use switchyard_core::availability::FlapState;
 use switchyard_core::weights::{Tiers, route_weights};
 
 use crate::validate::{Eligibility, Problem};
@@ -48,7 +49,7 @@ pub struct ProviderFigures {
     /// The last completed window, once one completed.
     pub window: Option<WindowStatus>,
     /// Flap damping: the relapse penalty and whether it holds the recovery ramp.
-    pub flap: (f64, bool),
+    pub flap: FlapState,
     /// When the control tick that produced these figures ran.
     pub computed_at: Option<DateTime<Utc>>,
     /// How far every router replica was counted for this window (`status.counted`).
@@ -211,8 +212,8 @@ pub fn provider_status(
         observed_generation: generation,
         counted,
     };
-    if let Some((penalty, suppressed)) = flap {
-        status.set_flap(penalty, suppressed);
+    if let Some(flap) = flap {
+        status.set_flap(flap);
     }
     status
 }

@@ -148,7 +148,7 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
         app.metrics
             .flap_penalty
             .get_or_create(&label)
-            .set(s.flap().0);
+            .set(s.flap().penalty);
         let open = !matches!(
             crate::state::lock(&s.breaker).state(app.clock.now()),
             switchyard_core::breaker::BreakerState::Closed

@@ -196,9 +196,8 @@ impl ProviderState {
 
     /// Flap damping: the relapse penalty and whether it holds the recovery ramp
     /// (`switchyard_core::availability`, "Flap damping").
-    pub fn flap(&self) -> (f64, bool) {
-        let guard = lock(&self.controller);
-        (guard.0.flap_penalty(), guard.0.flap_suppressed())
+    pub fn flap(&self) -> switchyard_core::availability::FlapState {
+        lock(&self.controller).0.flap_state()
     }
 
     /// The last completed window.

@@ -263,7 +263,7 @@ pub fn snapshot_with_usage(app: &App, usage: &HashMap<String, Vec<LimitUsage>>) 
                 observed_generation: p.generation,
                 counted: Vec::new(),
             };
-            status.set_flap(flap.0, flap.1);
+            status.set_flap(flap);
             Named {
                 namespace: p.namespace.clone(),
                 name: p.name.clone(),
