@@ -104,22 +104,20 @@ struct AttemptGuard {
     log: RequestLog,
 }
 
-/// What a request's log lines are written under (its route, tenant and id), made into a
-/// `request` span only when a line is written ([`RequestLog::span`]). An `info_span!` opened
+/// What a request's log lines are written under (with its route: its tenant and id), made into
+/// a `request` span only when a line is written ([`RequestLog::span`]). An `info_span!` opened
 /// for every request costs the default log layer a formatting of these fields and a registry
 /// slot each time, about 3 % of the router's samples in the 2026-12-07 profile
 /// (docs/profile.md), for lines that only failures write.
 #[derive(Debug, Clone, Default)]
 struct RequestLog {
-    route: String,
     tenant: Option<Arc<crate::config::Tenant>>,
     request_id: String,
 }
 
 impl RequestLog {
-    fn new(route: &Route, req: &ClientRequest) -> Self {
+    fn new(req: &ClientRequest) -> Self {
         RequestLog {
-            route: route.key.clone(),
             tenant: req.tenant.clone(),
             request_id: req.request_id.clone(),
         }
@@ -128,13 +126,13 @@ impl RequestLog {
     /// The span the request's log lines go under, at info (the default level); none when the
     /// line is already under a span of the request's (with debug logging on, [`dispatch`]
     /// opens one with these fields and more).
-    fn span(&self) -> tracing::Span {
+    fn span(&self, route: &str) -> tracing::Span {
         if !tracing::Span::current().is_disabled() {
             return tracing::Span::none();
         }
         tracing::info_span!(
             "request",
-            route = %self.route,
+            route = %route,
             tenant = self.tenant.as_ref().map_or("anonymous", |t| t.name.as_str()),
             request_id = %self.request_id,
         )
@@ -239,6 +237,11 @@ impl AttemptGuard {
             finish_reasons: Vec::new(),
             log: RequestLog::default(),
         }
+    }
+
+    /// The span this attempt's log lines go under ([`RequestLog::span`]).
+    fn log_span(&self) -> tracing::Span {
+        self.log.span(&self.live.table.routes[self.route].key)
     }
 
     fn state(&self) -> &ProviderState {
@@ -373,7 +376,7 @@ impl Drop for AttemptGuard {
             .attempts
             .get_or_create(&outcome(self.config(), "cancelled"))
             .inc();
-        self.log.span().in_scope(|| {
+        self.log_span().in_scope(|| {
             tracing::info!(provider = %self.config().key, reason = "client_disconnected", "attempt cancelled");
         });
         self.leave();
@@ -903,7 +906,7 @@ async fn execute(
                             failure.status,
                         );
                         if c.class != ErrorClass::Deadline {
-                            RequestLog::new(route, req).span().in_scope(|| {
+                            RequestLog::new(req).span(&route.key).in_scope(|| {
                                 tracing::info!(provider = %key, class = %c.class, code = c.code.as_deref().unwrap_or(""), "attempt failed");
                             });
                         }
@@ -1269,7 +1272,7 @@ async fn attempt(
     let mut guard = AttemptGuard::start(app, live, route_index, provider_index, quota);
     guard.spill = plan.spill;
     guard.spans = spans;
-    guard.log = RequestLog::new(route, req);
+    guard.log = RequestLog::new(req);
     guard.learns_latency = matches!(req.op, ClientOp::Chat | ClientOp::Messages);
     let Ok(client) = provider.client.as_ref() else {
         return fail(guard, Classification::new(ErrorClass::Auth));
@@ -1822,7 +1825,7 @@ fn commit(
         let mut log = None;
         if let Some(mut g) = guard.take() {
             if failure.is_some() {
-                log = Some(std::mem::take(&mut g.log));
+                log = Some(g.log_span());
             }
             g.partial = Some(usage);
             if !g.spans.request.is_disabled() {
@@ -1834,7 +1837,7 @@ fn commit(
             }
         }
         if let Some((class, message)) = &failure {
-            log.unwrap_or_default().span().in_scope(|| {
+            log.unwrap_or_else(tracing::Span::none).in_scope(|| {
                 tracing::warn!(class = %class, "stream failed after content; ending it with an error event");
             });
             let status = if *class == ErrorClass::Deadline { 504 } else { 502 };
