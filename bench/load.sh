@@ -23,7 +23,8 @@
 #      {direct, nginx, router, limits}, REPS interleaved repetitions of DURATION seconds per
 #      cell (the order rotates every repetition) after a short warm-up of each target;
 #   5. memory: a fresh router, RSS at start, after KEYS requests each with a distinct
-#      x-project-id, and after a second batch of KEYS new ids;
+#      x-project-id, and after a second batch of KEYS new ids; with LIMITS=1 also a fresh
+#      limits router (token limits, so the vocabulary is loaded), at start and after KEYS ids;
 #   6. bench/summarize.py takes medians and writes the Markdown report (with the ratios to nginx
 #      and the issue 16 goals marked met or not) and the raw results.
 #
@@ -385,6 +386,12 @@ cpu_ticks() {
 TICKS="$(getconf CLK_TCK)"
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/${1:-$ROUTER_PID}/status"; }
 hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/${1:-$ROUTER_PID}/status"; }
+# rss_split [PID]: {"anon_kib": .., "file_kib": ..}: heap and stacks vs pages of mapped files
+# (mostly the binary), both counted in VmRSS.
+rss_split() {
+  awk '/^RssAnon:/ {a = $2} /^RssFile:/ {f = $2} END {printf "{\"anon_kib\": %d, \"file_kib\": %d}", a, f}' \
+    "/proc/${1:-$ROUTER_PID}/status"
+}
 
 log "starting mock on 127.0.0.1:$MOCK_PORT and router on 127.0.0.1:$ROUTER_PORT"
 env -u RUST_LOG "${RUN[@]}" "$BIN" mock-provider --listen "127.0.0.1:$MOCK_PORT" --name bench-mock \
@@ -583,13 +590,13 @@ mock_calls() {
 # distinct_batch PREFIX: KEYS requests through the router, each with a new x-project-id. Every
 # wrk thread stops itself after its share; wrk itself only exits at -d, so once the mock has seen
 # all the calls and the count stands still, wrk is interrupted (it reports on SIGINT).
-distinct_batch() {
-  local prefix="$1" out="$WORK/batch-$1.txt" label before now last=-1
+distinct_batch() { # PREFIX [PORT]
+  local prefix="$1" port="${2:-$ROUTER_PORT}" out="$WORK/batch-$1.txt" label before now last=-1
   label="$(printf '{"target":"router","mode":"plain","concurrency":64,"batch":"%s"}' "$prefix")"
   before="$(mock_calls)"
   env BENCH_DISTINCT=1 BENCH_PREFIX="$prefix" BENCH_LIMIT="$(((KEYS + 1) / 2))" BENCH_KEY="$KEY" \
     BENCH_LABEL="$label" "${RUN[@]}" wrk -t 2 -c 64 -d 300s --timeout 10s \
-    -s "$ROOT/bench/chat.lua" "http://127.0.0.1:$ROUTER_PORT/v1/chat/completions" >"$out" &
+    -s "$ROOT/bench/chat.lua" "http://127.0.0.1:$port/v1/chat/completions" >"$out" &
   local wrk_pid=$!
   while kill -0 "$wrk_pid" 2>/dev/null; do
     sleep 0.5
@@ -609,6 +616,7 @@ stop_router
 start_router
 sleep 1
 MEM_RSS0="$(rss_kib)"
+MEM_SPLIT0="$(rss_split)"
 MEM_RUN1="$(distinct_batch a)"
 sleep 1
 MEM_RSS1="$(rss_kib)"
@@ -616,7 +624,25 @@ MEM_RUN2="$(distinct_batch b)"
 sleep 1
 MEM_RSS2="$(rss_kib)"
 MEM_HWM="$(hwm_kib)"
+MEM_SPLIT1="$(rss_split)"
 log "router RSS: start $MEM_RSS0 KiB, after batch 1 $MEM_RSS1 KiB, after batch 2 $MEM_RSS2 KiB"
+# The same with token limits (the tenant-with-limits manifests): a fresh limits router, idle
+# with its vocabulary loaded, then one batch of KEYS new project keys.
+MEM_LIMITS=null
+if [[ "$LIMITS" == 1 ]]; then
+  start_limits_router
+  sleep 1
+  lim0="$(rss_kib "$LIMITS_PID")"
+  lim0_split="$(rss_split "$LIMITS_PID")"
+  lim_run="$(distinct_batch c "$LIMITS_PORT")"
+  sleep 1
+  lim1="$(rss_kib "$LIMITS_PID")"
+  lim1_split="$(rss_split "$LIMITS_PID")"
+  MEM_LIMITS="{\"rss_start_kib\": $lim0, \"split_start\": $lim0_split, \"rss_after_batch_kib\": $lim1, \"split_after_batch\": $lim1_split, \"hwm_kib\": $(hwm_kib "$LIMITS_PID"), \"batch\": $lim_run}"
+  log "limits router RSS: start $lim0 KiB, after a batch $lim1 KiB"
+  kill "$LIMITS_PID" 2>/dev/null || true
+  wait "$LIMITS_PID" 2>/dev/null || true
+fi
 
 # --- machine and report ------------------------------------------------------------------
 CPU_MODEL="$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
@@ -663,6 +689,9 @@ cat >"$WORK/meta.json" <<EOF
     "rss_after_batch1_kib": $MEM_RSS1,
     "rss_after_batch2_kib": $MEM_RSS2,
     "hwm_kib": $MEM_HWM,
+    "split_start": $MEM_SPLIT0,
+    "split_after_batch1": $MEM_SPLIT1,
+    "limits": $MEM_LIMITS,
     "batch1": $MEM_RUN1,
     "batch2": $MEM_RUN2
   }

@@ -38,6 +38,8 @@ ADDED_P99_MS = 1.0
 TARGET_CONCURRENCY = 16
 RATIO_MIN = 0.35
 RSS_MAX_MIB = 50.0
+# Issue 16: idle, with no token limits configured.
+IDLE_RSS_MAX_MIB = 25.0
 
 # Goals of issue 16, against nginx `proxy_pass` in the same run ("Against nginx").
 NGINX_RATIO_MIN = 0.8
@@ -344,7 +346,38 @@ def render(table, meta):
         f" {mib(mem['rss_after_batch2_kib']):.1f} |"
     )
     add(f"| peak (VmHWM) | | {mib(mem['hwm_kib']):.1f} |")
+    lim = mem.get("limits")
+    if lim:
+        add(
+            f"| with token limits: start (vocabulary loaded) | 0 | {mib(lim['rss_start_kib']):.1f} |"
+        )
+        add(
+            f"| with token limits: after a batch of distinct keys | {lim['batch']['requests']} |"
+            f" {mib(lim['rss_after_batch_kib']):.1f} |"
+        )
+        add(f"| with token limits: peak (VmHWM) | | {mib(lim['hwm_kib']):.1f} |")
     add("")
+    splits = [
+        ("no limits, start", mem.get("split_start")),
+        ("no limits, after the first batch", mem.get("split_after_batch1")),
+    ]
+    if lim:
+        splits += [
+            ("token limits, start", lim.get("split_start")),
+            ("token limits, after the batch", lim.get("split_after_batch")),
+        ]
+    splits = [(name, sp) for name, sp in splits if sp]
+    if splits:
+        add(
+            "VmRSS split into `RssAnon` (heap, stacks) and `RssFile` (pages of mapped files,"
+            " mostly the binary's code and read-only data):"
+        )
+        add("")
+        add("| point | RssAnon MiB | RssFile MiB |")
+        add("|---|---:|---:|")
+        for name, sp in splits:
+            add(f"| {name} | {mib(sp['anon_kib']):.1f} | {mib(sp['file_kib']):.1f} |")
+        add("")
     per_key = (
         (mem["rss_after_batch2_kib"] - mem["rss_after_batch1_kib"]) * 1024 / mem["batch2"]["requests"]
         if mem["batch2"]["requests"]
@@ -500,6 +533,20 @@ def render_nginx(table, meta, add):
                 f"| {text}, {name} | {' / '.join(fmt.format(v) for v in values)} |"
                 f" {verdict(all(met(v) for v in values))} |"
             )
+    mem = meta.get("memory") or {}
+    if mem.get("rss_start_kib"):
+        idle = mem["rss_start_kib"] / 1024
+        add(
+            f"| RSS idle ≤ {IDLE_RSS_MAX_MIB:.0f} MiB, no token limits | {idle:.1f} MiB |"
+            f" {verdict(idle <= IDLE_RSS_MAX_MIB)} |"
+        )
+    lim = mem.get("limits")
+    if lim:
+        after = lim["rss_after_batch_kib"] / 1024
+        add(
+            f"| RSS ≤ {RSS_MAX_MIB:.0f} MiB with token limits after {lim['batch']['requests']:,}"
+            f" project keys | {after:.1f} MiB | {verdict(after <= RSS_MAX_MIB)} |"
+        )
     add("")
 
 

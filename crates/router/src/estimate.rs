@@ -645,8 +645,44 @@ impl ShortKey {
     }
 }
 
+/// `o200k_base` without the automata counting never reads, gzip-compressed (written by
+/// `build.rs`, which checks its counts against `bpe-openai`'s own copy). About 8 MiB of the
+/// binary, touched once; decoded, about 17 MiB of heap instead of `bpe_openai::o200k_base`'s
+/// 35 MiB plus 35 MiB of file-backed pages.
+static O200K_COUNT_DICT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/o200k_count.msgpack.gz"));
+
+/// `o200k_base`'s pre-tokenisation, as `bpe-openai` writes it: tiktoken's pattern with its
+/// negative look-ahead `\s+(?!\S)` expressed as a one-character look-ahead pattern (the
+/// `true`), which the pretokenizer drops from the match.
+const O200K_PATTERNS: [(&str, bool); 3] = [
+    (
+        concat!(
+            "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+            "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+            "|\\p{N}{1,3}",
+            "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*",
+            "|\\s*[\\r\\n]+",
+            "|\\s+$",
+        ),
+        false,
+    ),
+    ("\\s+\\s", true),
+    ("\\s+", false),
+];
+
+fn load_o200k() -> bpe_openai::Tokenizer {
+    // Buffered: the decoder reads MessagePack a few bytes at a time.
+    let gz = std::io::BufReader::with_capacity(1 << 16, flate2::read::GzDecoder::new(O200K_COUNT_DICT));
+    let bpe: bpe_openai::byte_pair_encoding::BytePairEncoding = rmp_serde::from_read(gz)
+        .unwrap_or_else(|e| unreachable!("build.rs checked the embedded vocabulary: {e}"));
+    bpe_openai::Tokenizer::new_lookahead(bpe, &O200K_PATTERNS, false)
+        .unwrap_or_else(|e| unreachable!("o200k_base's pattern compiles: {e}"))
+}
+
 static O200K: LazyLock<O200k> = LazyLock::new(|| {
-    let tokenizer = bpe_openai::o200k_base();
+    // Loaded once per process and kept to its end; leaked so the long-token set can borrow it.
+    let tokenizer: &'static bpe_openai::Tokenizer = Box::leak(Box::new(load_o200k()));
     let bpe = &tokenizer.bpe;
     let mut short = HashSet::with_hasher(FxBuildHasher);
     let mut long = FxHashSet::default();
