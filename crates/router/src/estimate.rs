@@ -673,7 +673,8 @@ const O200K_PATTERNS: [(&str, bool); 3] = [
 
 fn load_o200k() -> bpe_openai::Tokenizer {
     // Buffered: the decoder reads MessagePack a few bytes at a time.
-    let gz = std::io::BufReader::with_capacity(1 << 16, flate2::read::GzDecoder::new(O200K_COUNT_DICT));
+    let gz =
+        std::io::BufReader::with_capacity(1 << 16, flate2::read::GzDecoder::new(O200K_COUNT_DICT));
     let bpe: bpe_openai::byte_pair_encoding::BytePairEncoding = rmp_serde::from_read(gz)
         .unwrap_or_else(|e| unreachable!("build.rs checked the embedded vocabulary: {e}"));
     bpe_openai::Tokenizer::new_lookahead(bpe, &O200K_PATTERNS, false)
