@@ -59,7 +59,8 @@
 # --call-graph dwarf` samples it; the stacks are folded (inferno, `cargo install inferno`),
 # their names shortened (bench/fold_short.py: no hashes, no generic arguments) and drawn into
 # PREFIX-MODE.svg (frames under 1 px left out); the folded stacks are kept in
-# PREFIX-MODE.folded, for bench/fold_top.py (self and inclusive shares by function).
+# PREFIX-MODE.folded, for bench/fold_top.py (self and inclusive shares by function). With
+# TRACED=1 the traced router is profiled the same way after the plain one (PREFIX-traced-MODE).
 # Needs perf (Debian's linux-perf) and the binary's line tables (the release profile has them).
 #
 # Needs python3 and curl; the figures in docs/benchmarks.md were taken with NICE=-10.
@@ -450,24 +451,32 @@ if [[ -n "${PROFILE:-}" ]]; then
     command -v "$tool" >/dev/null || { echo "PROFILE needs $tool" >&2; exit 1; }
   done
   mkdir -p "$(dirname "$PROFILE")"
-  for mode in $MODES; do
-    path=/v1/chat/completions
-    [[ "$mode" == embed ]] && path=/v1/embeddings
-    BENCH_MODE="$mode" BENCH_KEY="$KEY" "${RUN[@]}" wrk -t 2 -c "${PROFILE_CONC:-16}" \
-      -d "$((${PROFILE_SECONDS:-8} + 2))s" -s "$ROOT/bench/chat.lua" \
-      "http://127.0.0.1:$ROUTER_PORT$path" >"$WORK/profile-wrk.txt" &
-    wrk_pid=$!
-    sleep 1
-    log "profiling the router, $mode at concurrency ${PROFILE_CONC:-16}"
-    perf record -q -F 999 --call-graph dwarf,32768 -p "$ROUTER_PID" -o "$WORK/perf.data" \
-      -- sleep "${PROFILE_SECONDS:-8}" 2>>"$WORK/perf.log"
-    wait "$wrk_pid"
-    grep '^BENCH_RESULT ' "$WORK/profile-wrk.txt" >&2 || true
-    perf script -i "$WORK/perf.data" 2>/dev/null | inferno-collapse-perf |
-      python3 "$ROOT/bench/fold_short.py" >"$PROFILE-$mode.folded"
-    inferno-flamegraph --minwidth 1 --title "switchyard router, $mode, concurrency ${PROFILE_CONC:-16} ($(git rev-parse --short HEAD))" \
-      <"$PROFILE-$mode.folded" >"$PROFILE-$mode.svg"
-    log "wrote $PROFILE-$mode.svg ($(wc -l <"$PROFILE-$mode.folded") distinct stacks)"
+  # With TRACED=1 the traced router (exporting to the OTLP receiver) is profiled too, into
+  # PREFIX-traced-MODE.svg, so the cost of tracing shows beside the plain router's.
+  PROFILED=("router:$ROUTER_PORT:$ROUTER_PID:")
+  [[ "$TRACED" == 1 ]] && PROFILED+=("traced router:$TRACED_PORT:$TRACED_PID:traced-")
+  for target in "${PROFILED[@]}"; do
+    IFS=: read -r what port pid infix <<<"$target"
+    for mode in $MODES; do
+      path=/v1/chat/completions
+      [[ "$mode" == embed ]] && path=/v1/embeddings
+      BENCH_MODE="$mode" BENCH_KEY="$KEY" "${RUN[@]}" wrk -t 2 -c "${PROFILE_CONC:-16}" \
+        -d "$((${PROFILE_SECONDS:-8} + 2))s" -s "$ROOT/bench/chat.lua" \
+        "http://127.0.0.1:$port$path" >"$WORK/profile-wrk.txt" &
+      wrk_pid=$!
+      sleep 1
+      log "profiling the $what, $mode at concurrency ${PROFILE_CONC:-16}"
+      perf record -q -F 999 --call-graph dwarf,32768 -p "$pid" -o "$WORK/perf.data" \
+        -- sleep "${PROFILE_SECONDS:-8}" 2>>"$WORK/perf.log"
+      wait "$wrk_pid"
+      grep '^BENCH_RESULT ' "$WORK/profile-wrk.txt" >&2 || true
+      out="$PROFILE-$infix$mode"
+      perf script -i "$WORK/perf.data" 2>/dev/null | inferno-collapse-perf |
+        python3 "$ROOT/bench/fold_short.py" >"$out.folded"
+      inferno-flamegraph --minwidth 1 --title "switchyard $what, $mode, concurrency ${PROFILE_CONC:-16} ($(git rev-parse --short HEAD))" \
+        <"$out.folded" >"$out.svg"
+      log "wrote $out.svg ($(wc -l <"$out.folded") distinct stacks)"
+    done
   done
   exit 0
 fi
