@@ -44,6 +44,7 @@
 //! change); a shared pin store as the only source of affinity (a replica without the entry would
 //! pick differently; rendezvous makes the pin cache an optimisation, not a requirement).
 
+use std::hash::{BuildHasher as _, BuildHasherDefault, RandomState};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
@@ -307,10 +308,32 @@ fn provider_set_fingerprint(providers: &[&str]) -> u64 {
     )
 }
 
+/// A [`std::hash::Hasher`] for keys that are already uniform 64-bit fingerprints (a keyed
+/// hash of the real key): it returns the `u64` written to it, so a table of fingerprints does
+/// not hash them a second time. Other writes are folded in byte by byte, never ignored.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FingerprintHasher(u64);
+
+impl std::hash::Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
 /// One pinned chain.
 #[derive(Debug, Clone)]
 struct Pin {
-    chain: Vec<usize>,
+    chain: Box<[usize]>,
     provider_set: u64,
     /// Idle expiry: slides with every hit unless the cache was built with fixed pins.
     expires: Instant,
@@ -374,12 +397,19 @@ pub const DEFAULT_PIN: Duration = Duration::from_secs(300);
 /// failover stick across replicas, share the moved chain and install it with
 /// [`ChainPins::pin`].
 ///
-/// The map itself hashes keys with `std`'s per-process randomly keyed SipHash: project keys come
-/// from client headers, so the cache must not be open to hash flooding. (Only the rendezvous hash
-/// has to agree across processes, and it does not live here.)
+/// The map holds a 64-bit fingerprint of each project key, `std`'s SipHash-1-3 with random keys
+/// drawn per cache, not the key: project keys come from client headers, so the cache must not be
+/// open to hash flooding or to a key chosen to collide with another project's, and a pinned
+/// project costs about 120 bytes whatever its key's length (an entry of 96 bytes, its chain and
+/// its slot in the table; it was about 150 bytes plus the key's heap copy). (Only the rendezvous
+/// hash has to agree across processes, and it does not live here.)
 #[derive(Debug)]
 pub struct ChainPins {
-    cache: LruCache<String, Pin>,
+    /// Keyed by the project key's [`ChainPins::fingerprint`], not the key itself: 8 bytes per
+    /// entry instead of a `String` and its heap copy of the key.
+    cache: LruCache<u64, Pin, BuildHasherDefault<FingerprintHasher>>,
+    /// The per-cache random keys of the fingerprints (`std`'s SipHash-1-3).
+    keys: RandomState,
     pin: Duration,
     refresh_on_hit: bool,
     /// Per provider index: the last instant a project could not be at that provider, its home
@@ -393,7 +423,11 @@ impl ChainPins {
     /// A cache of at most `capacity` projects (0 is treated as 1) pinning chains for `pin`.
     pub fn new(capacity: usize, pin: Duration) -> Self {
         ChainPins {
-            cache: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+            cache: LruCache::with_hasher(
+                NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
+                BuildHasherDefault::default(),
+            ),
+            keys: RandomState::new(),
             pin,
             refresh_on_hit: true,
             unready: Vec::new(),
@@ -410,6 +444,14 @@ impl ChainPins {
     /// The affinity duration.
     pub fn pin_duration(&self) -> Duration {
         self.pin
+    }
+
+    /// The 64-bit key under which `key`'s pin is held: SipHash-1-3 with this cache's random
+    /// keys. Two projects share a pin with probability 2⁻⁶⁴ per pair (about 3 × 10⁻¹⁰ for
+    /// 100,000 pinned projects), and since the keys are secret a client cannot choose a
+    /// project key that lands on another project's pin.
+    fn fingerprint(&self, key: &str) -> u64 {
+        self.keys.hash_one(key)
     }
 
     /// The chain for project `key`: the pinned one when it is unexpired at `now` and was computed
@@ -468,7 +510,8 @@ impl ChainPins {
                 })
         });
         let mut returning = false;
-        if let Some(pin) = self.cache.get_mut(key)
+        let id = self.fingerprint(key);
+        if let Some(pin) = self.cache.get_mut(&id)
             && pin.provider_set == provider_set
             && now < pin.expires
         {
@@ -489,7 +532,7 @@ impl ChainPins {
                 if self.refresh_on_hit {
                     pin.expires = now + self.pin;
                 }
-                return pin.chain.clone();
+                return pin.chain.to_vec();
             }
             returning = true;
         }
@@ -501,7 +544,7 @@ impl ChainPins {
             mark_unready(&mut self.unready, home, now);
         }
         let pin = Pin {
-            chain: chain.clone(),
+            chain: chain.as_slice().into(),
             provider_set,
             expires: now + self.pin,
             home,
@@ -510,10 +553,10 @@ impl ChainPins {
             home_failed: head != home && home_failed(weights, home, home_weight),
             returned: returning && head == home,
         };
-        match self.cache.get_mut(key) {
+        match self.cache.get_mut(&id) {
             Some(slot) => *slot = pin,
             None => {
-                self.cache.put(key.to_owned(), pin);
+                self.cache.put(id, pin);
             }
         }
         chain
@@ -542,7 +585,8 @@ impl ChainPins {
         now: Instant,
     ) -> bool {
         let pin_for = self.pin;
-        let Some(pin) = self.cache.get_mut(key) else {
+        let id = self.fingerprint(key);
+        let Some(pin) = self.cache.get_mut(&id) else {
             return false;
         };
         let Some(pos) = pin.chain.iter().position(|&i| i == provider_index) else {
@@ -579,42 +623,42 @@ impl ChainPins {
         let pin = Pin {
             home: chain.first().copied().unwrap_or(0),
             home_weight: 0.0,
-            chain,
+            chain: chain.into_boxed_slice(),
             provider_set: provider_set_fingerprint(providers),
             expires: now + self.pin,
             displaced: false,
             home_failed: false,
             returned: false,
         };
-        self.cache.put(key.to_owned(), pin);
+        self.cache.put(self.fingerprint(key), pin);
         true
     }
 
     /// The pinned chain of `key` if one is unexpired at `now` (does not refresh or compute).
     pub fn peek(&self, key: &str, now: Instant) -> Option<&[usize]> {
         self.cache
-            .peek(key)
+            .peek(&self.fingerprint(key))
             .filter(|pin| now < pin.expires)
-            .map(|pin| pin.chain.as_slice())
+            .map(|pin| &*pin.chain)
     }
 
     /// Drops the pin of `key`, if any.
     pub fn remove(&mut self, key: &str) {
-        self.cache.pop(key);
+        self.cache.pop(&self.fingerprint(key));
     }
 
     /// Drops every pin expired at `now`; returns how many were dropped. `O(len)`: call it from a
     /// housekeeping tick, not per request (expired pins are also replaced lazily on lookup and
     /// evicted by LRU order when the cache is full).
     pub fn purge_expired(&mut self, now: Instant) -> usize {
-        let expired: Vec<String> = self
+        let expired: Vec<u64> = self
             .cache
             .iter()
             .filter(|(_, pin)| now >= pin.expires)
-            .map(|(k, _)| k.clone())
+            .map(|(&id, _)| id)
             .collect();
-        for k in &expired {
-            self.cache.pop(k.as_str());
+        for id in &expired {
+            self.cache.pop(id);
         }
         expired.len()
     }
