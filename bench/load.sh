@@ -48,9 +48,10 @@
 # Environment knobs: SWITCHYARD_BIN (use this binary, skip the build), NICE (0; a negative
 # value needs root), LIMITS (1; 0 drops the tenant-with-limits target), NGINX (1; 0 drops the
 # nginx target), MODES ("plain stream embed"), TRACED (0; 1 adds the traced target), REPS (3),
-# DURATION (5 s), WARMUP (1 s), KEYS (100000), CONCURRENCY ("1 16 64"), BASELINE_BIN (a second
-# switchyard binary run as the "baseline" target: same manifests, interleaved like the others,
-# its CPU per request compared with the router's), BASELINE_LABEL (what that binary is, for the
+# DURATION (5 s), WARMUP (1 s), KEYS (100000), IDLE_SETTLE (11 s of idling before a start
+# RSS is read), CONCURRENCY ("1 16 64"), BASELINE_BIN (a second switchyard binary run as the
+# "baseline" target: same manifests, interleaved like the others, its CPU per request compared
+# with the router's), BASELINE_LABEL (what that binary is, for the
 # report, e.g. a commit), OUTPUT_TOKENS (8), ROUTER_LOG (RUST_LOG of the router; default = as
 # shipped), REPORT (docs/benchmarks.md), RESULTS (bench/results).
 #
@@ -71,7 +72,7 @@ cd "$ROOT"
 
 # The exact command, with the knobs that were set, for the report.
 COMMAND_LINE="bench/load.sh"
-for knob in SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS NGINX MODES TRACED PROFILE PROFILE_CONC PROFILE_SECONDS ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
+for knob in IDLE_SETTLE SWITCHYARD_BIN BASELINE_BIN BASELINE_LABEL NICE LIMITS NGINX MODES TRACED PROFILE PROFILE_CONC PROFILE_SECONDS ROUTER_LOG OUTPUT_TOKENS CONCURRENCY KEYS WARMUP DURATION REPS; do
   if [[ -n "${!knob+x}" ]]; then
     COMMAND_LINE="$knob='${!knob}' $COMMAND_LINE"
   fi
@@ -81,6 +82,9 @@ REPS="${REPS:-3}"
 DURATION="${DURATION:-5}"
 WARMUP="${WARMUP:-1}"
 KEYS="${KEYS:-100000}"
+# Seconds a fresh router idles before its start RSS is read: past jemalloc's 10 s dirty-page
+# decay, so start-up garbage (the vocabulary's decoding buffers) is not counted as idle memory.
+IDLE_SETTLE="${IDLE_SETTLE:-11}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 OUTPUT_TOKENS="${OUTPUT_TOKENS:-8}"
 LIMITS="${LIMITS:-1}"
@@ -623,7 +627,7 @@ distinct_batch() { # PREFIX [PORT]
 log "memory: fresh router, $KEYS requests with distinct x-project-id, twice"
 stop_router
 start_router
-sleep 1
+sleep "$IDLE_SETTLE"
 MEM_RSS0="$(rss_kib)"
 MEM_SPLIT0="$(rss_split)"
 MEM_RUN1="$(distinct_batch a)"
@@ -640,7 +644,7 @@ log "router RSS: start $MEM_RSS0 KiB, after batch 1 $MEM_RSS1 KiB, after batch 2
 MEM_LIMITS=null
 if [[ "$LIMITS" == 1 ]]; then
   start_limits_router
-  sleep 1
+  sleep "$IDLE_SETTLE"
   lim0="$(rss_kib "$LIMITS_PID")"
   lim0_split="$(rss_split "$LIMITS_PID")"
   lim_run="$(distinct_batch c "$LIMITS_PORT")"
@@ -694,6 +698,7 @@ cat >"$WORK/meta.json" <<EOF
   "limits_rss_after_matrix_kib": $LIMITS_RSS_AFTER_MATRIX_KIB,
   "memory": {
     "keys_per_batch": $KEYS,
+    "idle_settle_s": $IDLE_SETTLE,
     "rss_start_kib": $MEM_RSS0,
     "rss_after_batch1_kib": $MEM_RSS1,
     "rss_after_batch2_kib": $MEM_RSS2,

@@ -336,7 +336,10 @@ def render(table, meta):
     add("")
     add("| point | requests | VmRSS MiB |")
     add("|---|---:|---:|")
-    add(f"| start (idle, configuration loaded) | 0 | {mib(mem['rss_start_kib']):.1f} |")
+    settle = mem.get("idle_settle_s", 1)
+    add(
+        f"| start (idle {settle} s, configuration loaded) | 0 | {mib(mem['rss_start_kib']):.1f} |"
+    )
     add(
         f"| after first batch of distinct keys | {mem['batch1']['requests']} |"
         f" {mib(mem['rss_after_batch1_kib']):.1f} |"
@@ -349,7 +352,7 @@ def render(table, meta):
     lim = mem.get("limits")
     if lim:
         add(
-            f"| with token limits: start (vocabulary loaded) | 0 | {mib(lim['rss_start_kib']):.1f} |"
+            f"| with token limits: start (vocabulary loaded, idle {settle} s) | 0 | {mib(lim['rss_start_kib']):.1f} |"
         )
         add(
             f"| with token limits: after a batch of distinct keys | {lim['batch']['requests']} |"
