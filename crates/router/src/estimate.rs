@@ -598,8 +598,8 @@ pub fn clear_memo() {
 struct O200k {
     tokenizer: &'static bpe_openai::Tokenizer,
     /// Every vocabulary entry as a 64-bit [`Fingerprint`]: a piece whose fingerprint is here
-    /// is one token. 2.3 MiB for the 200k entries, against 6.5 MiB for the 17-byte inline keys
-    /// (plus a set of the longer entries) this replaced.
+    /// is one token (measured: 3.9 MiB less resident memory than the 17-byte inline keys plus a
+    /// set of the longer entries it replaced, docs/benchmarks-2026-12-07-memory.md).
     singles: std::collections::HashSet<u64, FingerprintBuild>,
     fingerprint: Fingerprint,
     longest_token: usize,
@@ -609,8 +609,9 @@ struct O200k {
 /// `std`'s randomly keyed `RandomState`).
 ///
 /// The vocabulary set and the piece memo keep fingerprints instead of the bytes. Two different
-/// pieces share a fingerprint with probability about 2⁻⁶⁴, so with the 200k vocabulary entries
-/// a piece that is not a token is taken for one with probability about 10⁻¹⁴ (the count is then
+/// pieces share a fingerprint with probability near 2⁻⁶⁴ (a folded multiplication is a strong
+/// mixer, not a proven universal hash), so with the 200k vocabulary entries a piece that is not
+/// a token is taken for one with probability of the order of 10⁻¹⁴ (the count is then
 /// low by a few tokens for that piece). The keys are secret and differ per process, so a client
 /// cannot search offline for text whose fingerprints collide with single tokens.
 ///
