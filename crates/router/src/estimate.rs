@@ -596,13 +596,13 @@ pub fn clear_memo() {
 // Tokenizer
 
 struct O200k {
-    tokenizer: &'static bpe_openai::Tokenizer,
-    /// Every vocabulary entry as a 64-bit [`Fingerprint`]: a piece whose fingerprint is here
-    /// is one token (measured: 3.9 MiB less resident memory than the 17-byte inline keys plus a
-    /// set of the longer entries it replaced, docs/benchmarks-2026-12-07-memory.md).
-    singles: std::collections::HashSet<u64, FingerprintBuild>,
+    /// Every vocabulary entry's rank (its token id) by its [`Fingerprint`]: a piece found here
+    /// is one token, and the merge looks up the ranks of the pairs it could join. About 4 MiB
+    /// (a quarter million 16-byte slots).
+    ranks: HashMap<u64, u32, FingerprintBuild>,
     fingerprint: Fingerprint,
     longest_token: usize,
+    pretokenizer: Pretokenizer,
 }
 
 /// A keyed 64-bit fingerprint of a byte string, with keys drawn once per process (from
@@ -660,63 +660,167 @@ impl Fingerprint {
 
 type FingerprintBuild = std::hash::BuildHasherDefault<switchyard_core::chain::FingerprintHasher>;
 
-/// `o200k_base` without the automata counting never reads, gzip-compressed (written by
-/// `build.rs`, which checks its counts against `bpe-openai`'s own copy). About 8 MiB of the
-/// binary, touched once; decoded, about 17 MiB of heap instead of `bpe_openai::o200k_base`'s
-/// 35 MiB plus 35 MiB of file-backed pages.
-static O200K_COUNT_DICT: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/o200k_count.msgpack.gz"));
+/// Every `o200k_base` token in rank order, each as one length byte and its bytes,
+/// gzip-compressed (written by `build.rs` from `bpe-openai`'s copy; about 1.3 MiB of the binary,
+/// read once at load).
+static O200K_RANKS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k_ranks.bin.gz"));
 
-/// `o200k_base`'s pre-tokenisation, as `bpe-openai` writes it: tiktoken's pattern with its
-/// negative look-ahead `\s+(?!\S)` expressed as a one-character look-ahead pattern (the
-/// `true`), which the pretokenizer drops from the match.
-const O200K_PATTERNS: [(&str, bool); 3] = [
-    (
-        concat!(
-            "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-            "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-            "|\\p{N}{1,3}",
-            "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*",
-            "|\\s*[\\r\\n]+",
-            "|\\s+$",
-        ),
-        false,
+/// `o200k_base`'s pre-tokenisation as three patterns tried together, leftmost-first:
+/// tiktoken's pattern, with its negative look-ahead `\s+(?!\S)` (which `regex-automata` cannot
+/// express) written as `\s+\s` whose last character [`Pretokenizer`] gives back, and a plain
+/// `\s+` for a whitespace run at the end. The same rewriting as `bpe-openai`'s, whose
+/// pretokenizer the property tests compare against.
+const O200K_PATTERNS: [&str; 3] = [
+    concat!(
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        "|\\p{N}{1,3}",
+        "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*",
+        "|\\s*[\\r\\n]+",
+        "|\\s+$",
     ),
-    ("\\s+\\s", true),
-    ("\\s+", false),
+    "\\s+\\s",
+    "\\s+",
 ];
 
-fn load_o200k() -> bpe_openai::Tokenizer {
-    // Buffered: the decoder reads MessagePack a few bytes at a time.
-    let gz =
-        std::io::BufReader::with_capacity(1 << 16, flate2::read::GzDecoder::new(O200K_COUNT_DICT));
-    let bpe: bpe_openai::byte_pair_encoding::BytePairEncoding = rmp_serde::from_read(gz)
-        .unwrap_or_else(|e| unreachable!("build.rs checked the embedded vocabulary: {e}"));
-    bpe_openai::Tokenizer::new_lookahead(bpe, &O200K_PATTERNS, false)
-        .unwrap_or_else(|e| unreachable!("o200k_base's pattern compiles: {e}"))
+/// Index in [`O200K_PATTERNS`] of the pattern whose last matched character is a look-ahead.
+const LOOKAHEAD_PATTERN: usize = 1;
+
+/// The pre-tokeniser of text that is not all ASCII (ASCII goes through [`AsciiPieces`]).
+struct Pretokenizer {
+    regex: regex_automata::meta::Regex,
+}
+
+impl Pretokenizer {
+    fn new() -> Self {
+        let regex = regex_automata::meta::Regex::new_many(&O200K_PATTERNS)
+            .unwrap_or_else(|e| unreachable!("o200k_base's patterns compile: {e}"));
+        Pretokenizer { regex }
+    }
+
+    /// The pieces of `text`, in order, covering all of it: each is the longest anchored match
+    /// at the end of the previous one (less the look-ahead character for
+    /// [`LOOKAHEAD_PATTERN`]). Should nothing match (the patterns cover every character, so
+    /// this is not expected), the rest is one piece: counted, never dropped.
+    fn split<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        use regex_automata::{Anchored, Input};
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let rest = text.get(at..).filter(|r| !r.is_empty())?;
+            let end = match self.regex.find(Input::new(rest).anchored(Anchored::Yes)) {
+                Some(m) if m.pattern().as_usize() == LOOKAHEAD_PATTERN => {
+                    let matched = &rest[..m.end()];
+                    let last = matched.chars().next_back().map_or(0, char::len_utf8);
+                    // `\s+\s` spans two characters at least: one stays.
+                    m.end() - last
+                }
+                Some(m) if m.end() > 0 => m.end(),
+                _ => rest.len(),
+            };
+            at += end;
+            Some(&rest[..end])
+        })
+    }
+}
+
+fn load_o200k() -> O200k {
+    use std::io::Read as _;
+    let mut raw = Vec::with_capacity(3 << 20);
+    if let Err(e) = flate2::read::GzDecoder::new(O200K_RANKS).read_to_end(&mut raw) {
+        unreachable!("build.rs wrote the embedded vocabulary: {e}");
+    }
+    let fingerprint = Fingerprint::random();
+    let mut ranks = HashMap::with_capacity_and_hasher(200_000, FingerprintBuild::default());
+    let mut longest_token = 0;
+    let mut rest = raw.as_slice();
+    let mut rank = 0u32;
+    while let Some((&len, tail)) = rest.split_first() {
+        let (token, tail) = tail.split_at(usize::from(len).min(tail.len()));
+        longest_token = longest_token.max(token.len());
+        ranks.insert(fingerprint.of(token), rank);
+        rank += 1;
+        rest = tail;
+    }
+    O200k {
+        ranks,
+        fingerprint,
+        longest_token,
+        pretokenizer: Pretokenizer::new(),
+    }
 }
 
 static O200K: LazyLock<O200k> = LazyLock::new(|| {
     // Loaded once per process and kept to its end.
-    let tokenizer: &'static bpe_openai::Tokenizer = Box::leak(Box::new(load_o200k()));
-    let bpe = &tokenizer.bpe;
-    let fingerprint = Fingerprint::random();
-    let mut singles = std::collections::HashSet::with_hasher(FingerprintBuild::default());
-    singles.reserve(bpe.num_tokens());
-    let mut longest_token = 0;
-    for id in (0..bpe.num_tokens()).filter_map(|id| u32::try_from(id).ok()) {
-        let bytes = bpe.token_bytes(id);
-        longest_token = longest_token.max(bytes.len());
-        singles.insert(fingerprint.of(bytes));
-    }
+    let t = load_o200k();
     LOADED.store(true, std::sync::atomic::Ordering::Release);
-    O200k {
-        tokenizer,
-        singles,
-        fingerprint,
-        longest_token,
-    }
+    t
 });
+
+impl O200k {
+    fn rank(&self, bytes: &[u8]) -> Option<u32> {
+        if bytes.len() > self.longest_token {
+            return None;
+        }
+        self.ranks.get(&self.fingerprint.of(bytes)).copied()
+    }
+
+    /// Number of tokens of one pre-tokenised piece: tiktoken's byte-pair merge. Start from
+    /// single bytes (each a token of a byte-level BPE) and, while two adjacent parts together
+    /// are a vocabulary entry, join the pair whose entry has the lowest rank (leftmost among
+    /// equal ones); the parts left are the tokens. A binary heap of candidate pairs with lazy
+    /// deletion makes this O(n log n) for a piece of n bytes instead of tiktoken's O(n²) rescan;
+    /// a popped candidate is stale when its left part was joined away or now ends elsewhere
+    /// (ranks are unique per byte string, so a changed pair never keeps its rank).
+    fn merge_count(&self, piece: &[u8]) -> u64 {
+        use std::cmp::Reverse;
+        let n = piece.len();
+        if n < 2 {
+            return n as u64;
+        }
+        // Parts are named by their first byte's offset; `next[i]` is where part i ends.
+        let mut next: Vec<usize> = (1..=n).collect();
+        let mut prev: Vec<usize> = (0..n).map(|i| i.saturating_sub(1)).collect();
+        let mut alive = vec![true; n];
+        let mut pair: Vec<Option<u32>> = (0..n)
+            .map(|i| piece.get(i..i + 2).and_then(|b| self.rank(b)))
+            .collect();
+        let mut heap: std::collections::BinaryHeap<Reverse<(u32, usize)>> = pair
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.map(|r| Reverse((r, i))))
+            .collect();
+        let mut tokens = n as u64;
+        while let Some(Reverse((r, i))) = heap.pop() {
+            if !alive[i] || pair[i] != Some(r) {
+                continue;
+            }
+            let j = next[i];
+            let k = next[j];
+            alive[j] = false;
+            next[i] = k;
+            if k < n {
+                prev[k] = i;
+            }
+            tokens -= 1;
+            pair[i] = if k < n {
+                self.rank(&piece[i..next[k]])
+            } else {
+                None
+            };
+            if let Some(r) = pair[i] {
+                heap.push(Reverse((r, i)));
+            }
+            if i > 0 {
+                let p = prev[i];
+                pair[p] = self.rank(&piece[p..k]);
+                if let Some(r) = pair[p] {
+                    heap.push(Reverse((r, p)));
+                }
+            }
+        }
+        tokens
+    }
+}
 
 /// About four bytes of UTF-8 per token (rounded up): the count used when nothing configured
 /// needs exact tokens, so the vocabulary is not loaded just to label a metric.
@@ -756,16 +860,16 @@ pub fn count_tokens(text: &str) -> u64 {
                 return count_long_piece(t, piece);
             }
             let key = t.fingerprint.of(piece);
-            if piece.len() <= t.longest_token && t.singles.contains(&key) {
+            if piece.len() <= t.longest_token && t.ranks.contains_key(&key) {
                 return 1;
             }
             let Some(memo) = memo.as_mut() else {
-                return t.tokenizer.bpe.count(piece) as u64;
+                return t.merge_count(piece);
             };
             if let Some(&n) = memo.get(&key) {
                 return n;
             }
-            let n = t.tokenizer.bpe.count(piece) as u64;
+            let n = t.merge_count(piece);
             if memo.len() >= PIECE_MEMO_CAPACITY {
                 memo.clear();
             }
@@ -777,7 +881,7 @@ pub fn count_tokens(text: &str) -> u64 {
                 .map(&mut count_piece)
                 .sum()
         } else {
-            t.tokenizer
+            t.pretokenizer
                 .split(text)
                 .map(|p| count_piece(p.as_bytes()))
                 .sum()
@@ -785,12 +889,12 @@ pub fn count_tokens(text: &str) -> u64 {
     })
 }
 
-/// Longest piece given to the BPE whole. The backtracking BPE is not linear on long pieces of
-/// bytes it cannot merge well (a run of random bytes or symbols: the whole run is one piece of
-/// the pattern's punctuation class), so longer pieces are counted in windows of this size cut
-/// at character boundaries. A cut can only lose the merges across it, so the sum is the exact
-/// count plus at most a few tokens per window (well under 1 %); text of words, code and
-/// prose never has pieces this long.
+/// Longest piece merged whole. The merge costs O(n log n) in a piece's length, so longer pieces
+/// (a run of random bytes or symbols is one piece of the pattern's punctuation class) are
+/// counted in windows of this size cut at character boundaries, which keeps the work linear in
+/// the text. A cut can only lose the merges across it, so the sum is the exact count plus at
+/// most a few tokens per window (well under 1 %); text of words, code and prose never has
+/// pieces this long.
 pub const MAX_BPE_PIECE_BYTES: usize = 512;
 
 fn count_long_piece(t: &O200k, piece: &[u8]) -> u64 {
@@ -806,7 +910,7 @@ fn count_long_piece(t: &O200k, piece: &[u8]) -> u64 {
             cut = rest.len().min(MAX_BPE_PIECE_BYTES);
         }
         let (window, tail) = rest.split_at(cut);
-        total += t.tokenizer.bpe.count(window) as u64;
+        total += t.merge_count(window);
         rest = tail;
     }
     total
@@ -817,8 +921,9 @@ const PIECE_MEMO_CAPACITY: usize = 65_536;
 
 thread_local! {
     /// Counts of pieces that are not one token (rarer words such as " replenishment"), by
-    /// [`Fingerprint`], per thread so that no lock is taken per piece. Running the BPE costs
-    /// ~250 ns per piece (two allocations and a backtracking search); a lookup ~5 ns. Emptied
+    /// [`Fingerprint`], per thread so that no lock is taken per piece. Merging a piece costs
+    /// a few hundred ns (four small vectors, a heap, a fingerprint per candidate pair); a
+    /// lookup ~5 ns. Emptied
     /// when full: words recur, so it refills with the current vocabulary at once.
     static PIECE_MEMO: RefCell<HashMap<u64, u64, FingerprintBuild>> =
         const { RefCell::new(HashMap::with_hasher(FingerprintBuild::new())) };
@@ -1078,6 +1183,42 @@ mod tests {
         #[test]
         fn count_tokens_random_ascii_matches_bpe(text in "[ -~\n\t]{0,200}") {
             prop_assert_eq!(count_tokens(&text), bpe_openai::o200k_base().count(text.as_str()) as u64);
+        }
+
+        #[test]
+        fn pretokenizer_random_unicode_matches_bpe_openai(text in "(\\PC|\\s){0,120}") {
+            let ours: Vec<&str> = O200K.pretokenizer.split(&text).collect();
+            prop_assert_eq!(ours, regex_pieces(&text));
+        }
+
+        /// Pieces glued from real tokens (two to twelve, by id) are the hard case for a
+        /// merge: many candidate pairs, most of them not the encoding's. The merge must count
+        /// each exactly as `bpe-openai`'s backtracking encoder does.
+        #[test]
+        fn merge_counts_glued_tokens_like_bpe_openai(
+            ids in proptest::collection::vec(0u32..199_998, 2..12)
+        ) {
+            let bpe = &bpe_openai::o200k_base().bpe;
+            let piece: Vec<u8> = ids.iter().flat_map(|&id| bpe.token_bytes(id).to_vec()).collect();
+            prop_assert_eq!(O200K.merge_count(&piece), bpe.count(&piece) as u64);
+        }
+    }
+
+    #[test]
+    fn merge_of_every_token_is_one_and_of_repeated_bytes_matches_bpe_openai() {
+        let bpe = &bpe_openai::o200k_base().bpe;
+        for id in (0..199_998u32).step_by(7) {
+            assert_eq!(O200K.merge_count(bpe.token_bytes(id)), 1, "token {id}");
+        }
+        for unit in [&b"a"[..], b"ab", b" =", b"\xe6\x97", b"0", b"\t "] {
+            for n in [2usize, 3, 7, 16, 61, 200, 511] {
+                let piece = unit.repeat(n);
+                assert_eq!(
+                    O200K.merge_count(&piece),
+                    bpe.count(&piece) as u64,
+                    "{unit:?} x {n}"
+                );
+            }
         }
     }
 
