@@ -330,18 +330,24 @@ impl std::hash::Hasher for FingerprintHasher {
     }
 }
 
-/// One pinned chain.
+/// One pinned chain: 40 bytes, so that with its 8-byte key and the LRU's two links an entry
+/// fills one 64-byte allocation (plus a few bytes for the chain itself).
 #[derive(Debug, Clone)]
 struct Pin {
-    chain: Box<[usize]>,
-    provider_set: u64,
-    /// Idle expiry: slides with every hit unless the cache was built with fixed pins.
-    expires: Instant,
-    /// The project's home: the head of its chain at full availability (every provider healthy,
-    /// the route's static tiers and weights), where it belongs once every provider is back.
-    home: usize,
+    /// Provider indices in chain order, one byte each: [`ChainPins`] pins only routes of at
+    /// most 256 providers (RoutingPolicy allows 64).
+    chain: Box<[u8]>,
+    /// Idle expiry as nanoseconds since the clock's origin ([`Instant`] is 16 bytes); slides
+    /// with every hit unless the cache was built with fixed pins.
+    expires_ns: u64,
     /// The home's cascade weight at full availability (1.0 for the head of a priority list).
     home_weight: f64,
+    /// The provider set and tiers the chain was computed over, 32 bits of their fingerprint;
+    /// a pin whose indices do not fit the current set is never used whatever this says.
+    provider_set: u32,
+    /// The project's home: the head of its chain at full availability (every provider healthy,
+    /// the route's static tiers and weights), where it belongs once every provider is back.
+    home: u8,
     /// The pinned head is not `home`: the project was moved by a failover or sampled while
     /// the weights were degraded.
     displaced: bool,
@@ -354,6 +360,41 @@ struct Pin {
     /// re-sends its whole context, and a burst of them can exceed the home's input-token
     /// rate): the project stays eligible to return.
     returned: bool,
+}
+
+/// Most providers a pinned route may have (indices are stored as `u8`).
+const MAX_PINNED_PROVIDERS: usize = 256;
+
+impl Pin {
+    fn expires(&self) -> Instant {
+        Instant::from_origin(Duration::from_nanos(self.expires_ns))
+    }
+
+    fn set_expires(&mut self, at: Instant) {
+        self.expires_ns = nanos(at);
+    }
+
+    fn home(&self) -> usize {
+        usize::from(self.home)
+    }
+
+    fn chain(&self) -> Vec<usize> {
+        self.chain.iter().map(|&i| usize::from(i)).collect()
+    }
+
+    /// Whether every index of the chain names one of `n` providers.
+    fn fits(&self, n: usize) -> bool {
+        self.chain.iter().all(|&i| usize::from(i) < n)
+    }
+}
+
+fn nanos(at: Instant) -> u64 {
+    u64::try_from(at.since_origin().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A chain as one byte per index, `None` when an index does not fit a byte.
+fn chain_bytes(chain: &[usize]) -> Option<Box<[u8]>> {
+    chain.iter().map(|&i| u8::try_from(i).ok()).collect()
 }
 
 /// Default affinity duration: the sticky-chain article pins chains "for a few minutes"; 5 min is
@@ -480,9 +521,7 @@ impl ChainPins {
         cause: MoveCause,
         now: Instant,
     ) -> bool {
-        if tiers.is_some_and(|t| t.is_standby(member))
-            || self.peek(key, now).and_then(|c| c.first()) == Some(&member)
-        {
+        if tiers.is_some_and(|t| t.is_standby(member)) || self.head(key, now) == Some(member) {
             return false;
         }
         self.move_to_front_for(key, member, cause, now)
@@ -509,30 +548,33 @@ impl ChainPins {
                     xxh3_64_with_seed(&v.to_le_bytes(), h)
                 })
         });
+        let provider_set = provider_set as u32;
         let mut returning = false;
         let id = self.fingerprint(key);
         if let Some(pin) = self.cache.get_mut(&id)
             && pin.provider_set == provider_set
-            && now < pin.expires
+            && now < pin.expires()
+            && pin.fits(providers.len())
         {
+            let home = pin.home();
             let due_home = pin.displaced && {
-                let w = weights.get(pin.home).copied().unwrap_or(0.0);
-                pin.home_failed |= home_failed(weights, pin.home, pin.home_weight);
+                let w = weights.get(home).copied().unwrap_or(0.0);
+                pin.home_failed |= home_failed(weights, home, pin.home_weight);
                 let ready = w >= RETURN_WEIGHT_FRACTION * pin.home_weight;
                 if !ready {
-                    mark_unready(&mut self.unready, pin.home, now);
+                    mark_unready(&mut self.unready, home, now);
                 }
                 let quiet = self
                     .unready
-                    .get(pin.home)
+                    .get(home)
                     .map_or(Duration::MAX, |&t| now.saturating_since(t));
                 pin.home_failed && ready && quiet >= return_stagger(key, self.pin)
             };
             if !due_home {
                 if self.refresh_on_hit {
-                    pin.expires = now + self.pin;
+                    pin.set_expires(now + self.pin);
                 }
-                return pin.chain.to_vec();
+                return pin.chain();
             }
             returning = true;
         }
@@ -543,11 +585,16 @@ impl ChainPins {
         if head != home && home_now < RETURN_WEIGHT_FRACTION * home_weight {
             mark_unready(&mut self.unready, home, now);
         }
+        let (Some(bytes), Ok(home_byte)) = (chain_bytes(&chain), u8::try_from(home)) else {
+            // More providers than a pin can name: no affinity, every turn is sampled afresh.
+            self.cache.pop(&id);
+            return chain;
+        };
         let pin = Pin {
-            chain: chain.as_slice().into(),
+            chain: bytes,
             provider_set,
-            expires: now + self.pin,
-            home,
+            expires_ns: nanos(now + self.pin),
+            home: home_byte,
             home_weight,
             displaced: head != home,
             home_failed: head != home && home_failed(weights, home, home_weight),
@@ -589,17 +636,21 @@ impl ChainPins {
         let Some(pin) = self.cache.get_mut(&id) else {
             return false;
         };
-        let Some(pos) = pin.chain.iter().position(|&i| i == provider_index) else {
+        let Some(pos) = pin
+            .chain
+            .iter()
+            .position(|&i| usize::from(i) == provider_index)
+        else {
             return false;
         };
         let shed = pos > 0 && cause == MoveCause::Capacity && pin.chain[0] == pin.home;
         if shed {
-            mark_unready(&mut self.unready, pin.home, now);
+            mark_unready(&mut self.unready, pin.home(), now);
         }
         let shed_returnee = shed && pin.returned;
         pin.chain[..=pos].rotate_right(1);
-        pin.expires = now + pin_for;
-        pin.displaced = provider_index != pin.home;
+        pin.set_expires(now + pin_for);
+        pin.displaced = provider_index != pin.home();
         pin.home_failed = pin.displaced && (pin.home_failed || shed_returnee);
         true
     }
@@ -617,15 +668,18 @@ impl ChainPins {
             && chain
                 .iter()
                 .all(|&i| seen.get_mut(i).is_some_and(|s| !std::mem::replace(s, true)));
-        if !is_permutation {
+        if !is_permutation || providers.len() > MAX_PINNED_PROVIDERS {
             return false;
         }
+        let Some(bytes) = chain_bytes(&chain) else {
+            return false;
+        };
         let pin = Pin {
-            home: chain.first().copied().unwrap_or(0),
+            home: bytes.first().copied().unwrap_or(0),
             home_weight: 0.0,
-            chain: chain.into_boxed_slice(),
-            provider_set: provider_set_fingerprint(providers),
-            expires: now + self.pin,
+            chain: bytes,
+            provider_set: provider_set_fingerprint(providers) as u32,
+            expires_ns: nanos(now + self.pin),
             displaced: false,
             home_failed: false,
             returned: false,
@@ -635,11 +689,26 @@ impl ChainPins {
     }
 
     /// The pinned chain of `key` if one is unexpired at `now` (does not refresh or compute).
-    pub fn peek(&self, key: &str, now: Instant) -> Option<&[usize]> {
+    pub fn peek(&self, key: &str, now: Instant) -> Option<Vec<usize>> {
         self.cache
             .peek(&self.fingerprint(key))
-            .filter(|pin| now < pin.expires)
-            .map(|pin| &*pin.chain)
+            .filter(|pin| now < pin.expires())
+            .map(Pin::chain)
+    }
+
+    /// The head of `key`'s unexpired pinned chain, if any.
+    fn head(&self, key: &str, now: Instant) -> Option<usize> {
+        self.cache
+            .peek(&self.fingerprint(key))
+            .filter(|pin| now < pin.expires())
+            .and_then(|pin| pin.chain.first().map(|&i| usize::from(i)))
+    }
+
+    /// Whether `key` has an unexpired pin at `now` (does not refresh or compute).
+    pub fn is_pinned(&self, key: &str, now: Instant) -> bool {
+        self.cache
+            .peek(&self.fingerprint(key))
+            .is_some_and(|pin| now < pin.expires())
     }
 
     /// Drops the pin of `key`, if any.
@@ -654,7 +723,7 @@ impl ChainPins {
         let expired: Vec<u64> = self
             .cache
             .iter()
-            .filter(|(_, pin)| now >= pin.expires)
+            .filter(|(_, pin)| now >= pin.expires())
             .map(|(&id, _)| id)
             .collect();
         for id in &expired {
@@ -815,6 +884,26 @@ mod tests {
     }
 
     #[test]
+    fn a_pin_is_40_bytes_so_an_lru_entry_fits_64() {
+        // Key (8) + pin + the LRU's prev/next links (16): jemalloc's 64-byte class.
+        assert_eq!(std::mem::size_of::<Pin>(), 40);
+    }
+
+    #[test]
+    fn routes_beyond_256_providers_are_served_unpinned() {
+        let names: Vec<String> = (0..300).map(|i| format!("p{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut weights = vec![0.0; 300];
+        weights[299] = 1.0;
+        let mut pins = ChainPins::new(10, Duration::from_secs(60));
+        let chain = pins.chain("k", &names, &weights, Instant::ZERO);
+        assert_eq!(chain.len(), 300);
+        assert_eq!(chain[0], 299);
+        assert!(!pins.is_pinned("k", Instant::ZERO));
+        assert!(!pins.pin("k", &names, chain, Instant::ZERO));
+    }
+
+    #[test]
     fn chain_pins_capacity_evicts_least_recent() {
         let mut pins = ChainPins::new(2, Duration::from_secs(60));
         let names = ["a", "b"];
@@ -838,7 +927,7 @@ mod tests {
         assert!(pins.move_to_front("k", 2, Instant::from_millis(5)));
         assert_eq!(
             pins.peek("k", Instant::from_millis(6)),
-            Some(&[2, 0, 1, 3][..])
+            Some(vec![2, 0, 1, 3])
         );
         assert!(!pins.move_to_front("k", 9, Instant::from_millis(7)));
         assert!(!pins.move_to_front("other", 0, Instant::from_millis(7)));

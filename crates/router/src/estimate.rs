@@ -1,24 +1,33 @@
 //! Request estimation with a real tokenizer (DESIGN §3 step 2): input tokens, output allowance
 //! and worst-case spend of a parsed request, reserved by the quota broker before sending.
 //!
-//! **Tokenizer.** OpenAI's `o200k_base` (GPT-4o, GPT-4.1, o-series, GPT-5) through GitHub's
-//! `bpe-openai` crate, whose encodings are tested identical to tiktoken's. It is used for every
-//! model: Claude's tokenizer is not public and Gemini's differs, so for them `o200k_base` is a
-//! documented approximation that the per-route [`Calibration`] (in `switchyard-core`) corrects
-//! from the usage providers report. The vocabulary is loaded once per process, lazily
-//! ([`warm_up`] forces it at start-up: 70–150 ms here, ~72 MB resident).
+//! **Tokenizer.** OpenAI's `o200k_base` (GPT-4o, GPT-4.1, o-series, GPT-5), counted exactly as
+//! tiktoken encodes it. It is used for every model: Claude's tokenizer is not public and
+//! Gemini's differs, so for them `o200k_base` is a documented approximation that the per-route
+//! [`Calibration`] (in `switchyard-core`) corrects from the usage providers report. The
+//! vocabulary is loaded once per process, lazily ([`warm_up`] forces it at start-up), and only
+//! when something configured needs exact tokens.
+//!
+//! The counter is tiktoken's own algorithm (Sennrich et al.'s byte-pair encoding as OpenAI
+//! applies it: pre-tokenise with the encoding's pattern, then in each piece repeatedly join
+//! the adjacent pair with the lowest rank) over a table of the 200k tokens' ranks keyed by a
+//! 64-bit fingerprint (`Fingerprint`), about 4 MiB of heap. GitHub's `bpe-openai`, used before, needs its
+//! Aho-Corasick automaton and pair tables for its backtracking encoder: 17 MiB of heap even
+//! with the two automata counting never reads trimmed away, which alone kept a router with token
+//! limits above the 50 MiB goal (issue 16). `bpe-openai` stays the vocabulary's source (the build
+//! script writes the tokens in rank order from its copy) and the reference the property tests
+//! compare counts and pieces with.
 //!
 //! **Speed.** A 4 KB chat request must be estimated in ≤ 20 µs (issue 5). Both tiktoken-rs and
 //! `bpe-openai` spend most of their time outside the BPE proper: in the pre-tokenisation regex
 //! (~50 ns per piece, ~45 µs for 4 KB here) and in setting up an encoder per piece. So:
 //! - ASCII text (the common case for prompts, code and JSON schemas) is split by a hand-written
 //!   scanner that implements the `o200k_base` pre-tokenisation pattern for ASCII exactly (a
-//!   property test checks it against the regex on random ASCII); other text goes through the
-//!   crate's regex.
+//!   property test checks it against the regex on random ASCII); other text goes through a
+//!   `regex-automata` regex (`O200K_PATTERNS`).
 //! - A piece that is itself a vocabulary entry (most English words with their leading space,
 //!   every single byte) counts 1 through a hash-set lookup, which is what tiktoken does first as
-//!   well; only the others run the BPE, and their counts are remembered per thread (pieces of
-//!   up to 16 bytes).
+//!   well; only the others are merged, and their counts are remembered per thread.
 //! - Segments of ≥ [`MEMO_MIN_BYTES`] (message texts, tool definitions, schemas) are memoised
 //!   by content hash ([`count_segment`]), because chat clients resend the system prompt, the
 //!   tools and the whole history with every turn: in a conversation only the new turn is
@@ -37,7 +46,8 @@
 //! times `n` choices (OpenAI bills every choice); Anthropic's required `max_tokens`.
 //!
 //! Alternatives rejected: tiktoken-rs (same counts, ~160 µs per 4 KB here and a 150 ms load:
-//! its `fancy-regex` pre-tokeniser dominates, and it has no hook to replace it); bytes / 4 (off
+//! its `fancy-regex` pre-tokeniser dominates, it has no hook to replace it, and its two maps of
+//! owned byte strings take more memory than `bpe-openai`); `bpe-openai` itself (above); bytes / 4 (off
 //! by 2× for code, JSON and non-Latin scripts, more than the bounded calibration can absorb);
 //! memoising whole requests (a conversation never repeats one; its segments repeat).
 

@@ -337,7 +337,7 @@ pub fn lookup_chain(
         }
         let weights = state.weights.load();
         let names: Vec<&str> = r.provider_names.iter().map(String::as_str).collect();
-        let pinned = lock(&state.pins).peek(project, now).map(<[usize]>::to_vec);
+        let pinned = lock(&state.pins).peek(project, now);
         let order = match &pinned {
             Some(chain) => chain.clone(),
             None => {

@@ -149,7 +149,7 @@ impl Fleet for LocalFleet {
     }
 
     fn pinned(&mut self, project: &str, now: Instant) -> bool {
-        self.pins.peek(project, now).is_some()
+        self.pins.is_pinned(project, now)
     }
 
     fn move_to_front(
