@@ -16,7 +16,8 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 use switchyard_router::estimate::{
-    EstimateParams, count_tokens, estimate_openai_chat, openai_chat_input_tokens, warm_up,
+    EstimateParams, clear_piece_memo, count_tokens, estimate_openai_chat, openai_chat_input_tokens,
+    warm_up,
 };
 use switchyard_router::wire::openai::{ChatRequest, MessageContent};
 use switchyard_router::wire::usage::Pricing;
@@ -157,6 +158,25 @@ fn bench_estimate(c: &mut Criterion) {
     });
     g.bench_function("count_tokens_all_message_text", |b| {
         b.iter(|| count_tokens(black_box(&text)))
+    });
+    // The merge itself: the same text with this thread's piece memo emptied before each run,
+    // so every piece that is not a single token is merged again.
+    g.bench_function("count_tokens_all_message_text_piece_memo_cold", |b| {
+        b.iter_batched(
+            clear_piece_memo,
+            |()| count_tokens(black_box(&text)),
+            BatchSize::SmallInput,
+        )
+    });
+    // Hostile input: 4 KB of punctuation without spaces is one piece of the pattern, merged in
+    // windows of 512 bytes (memo emptied each run).
+    let symbols: String = "#!$%&*+=?@^|~<>".chars().cycle().take(4096).collect();
+    g.bench_function("count_tokens_4kb_symbol_run_cold", |b| {
+        b.iter_batched(
+            clear_piece_memo,
+            |()| count_tokens(black_box(&symbols)),
+            BatchSize::SmallInput,
+        )
     });
     g.bench_function("parse_request_for_scale", |b| {
         b.iter(|| serde_json::from_slice::<ChatRequest>(black_box(&body)).unwrap())

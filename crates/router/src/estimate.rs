@@ -595,6 +595,16 @@ impl Counter {
     }
 }
 
+/// Empties this thread's memo of piece counts (for benchmarks of the merge: afterwards every
+/// piece that is not one token is merged again).
+pub fn clear_piece_memo() {
+    PIECE_MEMO.with(|memo| {
+        if let Ok(mut memo) = memo.try_borrow_mut() {
+            memo.clear();
+        }
+    });
+}
+
 /// Empties the segment memo (for benchmarks and tests of the uncached path).
 pub fn clear_memo() {
     for shard in &MEMO.shards {
