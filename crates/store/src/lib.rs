@@ -978,6 +978,15 @@ impl QuotaStore {
         }
     }
 
+    /// Reservations not sent to Redis because their caller stopped waiting while they were
+    /// queued (its cancel went out instead); 0 for the in-process store.
+    pub fn redis_reservations_skipped(&self) -> u64 {
+        match &self.shared.backend {
+            Backend::Redis(r) => r.remote.reservations_skipped(),
+            Backend::InProcess(_) => 0,
+        }
+    }
+
     /// Claims an `Idempotency-Key` (already scoped by the caller, e.g. tenant and key) in the
     /// shared store for `owner` (a replica-unique id), so a retry that lands on another replica
     /// finds it. An in-flight marker lives at most `in_flight`, so a replica that died while

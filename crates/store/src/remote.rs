@@ -110,17 +110,21 @@ impl Remote {
             state_key: format!("{{{prefix}}}:buckets"),
             channel: format!("{{{prefix}}}:signals"),
             signals_key: format!("{{{prefix}}}:signals"),
+            // A reservation whose caller has gone is not sent: its guard has already issued the
+            // cancel. A settlement is sent whoever waits for it.
             reserve: Batcher::spawn(
                 conn.clone(),
                 script(include_str!("lua/reserve.lua")),
                 format!("{{{prefix}}}:buckets"),
                 op_timeout,
+                Abandoned::Skip,
             ),
             settle: Batcher::spawn(
                 conn,
                 script(include_str!("lua/settle.lua")),
                 format!("{{{prefix}}}:buckets"),
                 op_timeout,
+                Abandoned::Send,
             ),
             figures: script(include_str!("lua/figures.lua")),
             signal: script(include_str!("lua/signal.lua")),
@@ -197,6 +201,11 @@ impl Remote {
             ms,
             buckets,
         }
+    }
+
+    /// Reservations dropped unsent because their caller had stopped waiting.
+    pub(crate) fn reservations_skipped(&self) -> u64 {
+        self.reserve.stats.skipped.load(Ordering::Relaxed)
     }
 
     /// `(script calls, items)` sent so far for reservations and for settlements.
@@ -432,6 +441,19 @@ struct Batcher {
 pub(crate) struct BatchStats {
     pub(crate) calls: AtomicU64,
     pub(crate) items: AtomicU64,
+    /// Items dropped unsent because their caller had stopped waiting ([`Abandoned::Skip`]).
+    pub(crate) skipped: AtomicU64,
+}
+
+/// What a batch task does with a queued item whose caller no longer waits for its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Abandoned {
+    /// Drop it unsent. For reservations: the caller's guard cancels the id (with a tombstone),
+    /// so sending it would debit only to credit back; after a Redis stall this saves a backlog
+    /// of dead reservations.
+    Skip,
+    /// Send it anyway (settlements must reach Redis even if nobody waits).
+    Send,
 }
 
 impl Batcher {
@@ -442,6 +464,7 @@ impl Batcher {
         script: Script,
         state_key: String,
         op_timeout: Duration,
+        abandoned: Abandoned,
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let stats = Arc::new(BatchStats::default());
@@ -451,6 +474,7 @@ impl Batcher {
             state_key,
             rx,
             op_timeout,
+            abandoned,
             Arc::clone(&stats),
         ));
         Batcher {
@@ -491,10 +515,18 @@ async fn run_batches(
     state_key: String,
     mut rx: mpsc::Receiver<Job>,
     op_timeout: Duration,
+    abandoned: Abandoned,
     stats: Arc<BatchStats>,
 ) {
     let mut out = FuturesUnordered::new();
     let mut open = true;
+    let wanted = |job: &Job| {
+        let keep = abandoned == Abandoned::Send || !job.reply.is_closed();
+        if !keep {
+            stats.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        keep
+    };
     while open || !out.is_empty() {
         tokio::select! {
             job = rx.recv(), if open && out.len() < MAX_IN_FLIGHT => {
@@ -503,12 +535,18 @@ async fn run_batches(
                     continue;
                 };
                 let mut batch = Vec::with_capacity(8);
-                batch.push(first);
+                if wanted(&first) {
+                    batch.push(first);
+                }
                 while batch.len() < MAX_BATCH {
                     match rx.try_recv() {
-                        Ok(job) => batch.push(job),
+                        Ok(job) if wanted(&job) => batch.push(job),
+                        Ok(_) => {}
                         Err(_) => break,
                     }
+                }
+                if batch.is_empty() {
+                    continue;
                 }
                 stats.calls.fetch_add(1, Ordering::Relaxed);
                 stats.items.fetch_add(batch.len() as u64, Ordering::Relaxed);

@@ -90,6 +90,16 @@ async fn reservation_whose_caller_left_mid_call_is_cancelled_by_id() {
     assert_eq!(store.in_flight(), 0);
     assert_eq!(store.leased(), 0);
     assert_eq!(store.mode(), StoreMode::Redis);
+    // Only one batch is out at a time, and it cannot answer while the server is frozen: the
+    // reservations queued behind it lost their callers before they could be sent.
+    let sent = store.redis_batches().map_or(0, |[(_, items), _]| items);
+    assert!(
+        store.redis_reservations_skipped() > 0 && sent < 40,
+        "{} skipped, {sent} sent",
+        store.redis_reservations_skipped()
+    );
+    // A caller whose timeout fired before its job was queued sent nothing at all.
+    assert!(sent + store.redis_reservations_skipped() <= 40);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
