@@ -69,6 +69,7 @@ use crate::pause::{
 use crate::queue::QueueReason;
 use crate::quota::{Refusal, Wait};
 use crate::time::Instant;
+use crate::waitline::{WaitLines, WaiterId};
 
 /// How a route orders its members for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -297,6 +298,13 @@ pub trait Fleet {
     fn fallback_throttle<R>(&mut self, f: impl FnOnce(&mut FallbackThrottle) -> R) -> Option<R>;
     /// Counts an event into the provider's controller window.
     fn count(&mut self, provider: usize, event: Count);
+    /// Runs `f` on the fleet's wait lines ([`crate::waitline`]); `None` when it keeps none
+    /// (the default: the request then waits to its own timer, as without lines). The machine
+    /// calls it only for a request with a waiter id ([`Dispatch::with_waiter`]) that meets a
+    /// full provider or a non-empty line, and afterwards until it is done.
+    fn wait_lines<R>(&mut self, _f: impl FnOnce(&mut WaitLines) -> R) -> Option<R> {
+        None
+    }
     /// A scope was paused until `until` (the router tells its other replicas, field case 8).
     fn paused(&mut self, _scope: &str, _until: Instant) {}
     /// The provider's circuit opened until `until`.
@@ -597,6 +605,9 @@ struct Walk {
     quota_refusal: Option<Box<Refusal>>,
     unpriced: bool,
     gave_up: bool,
+    /// A member was skipped because the request is behind others in its wait line: the wait
+    /// may last until the deadline (an early wake-up ends it).
+    line_wait: bool,
 }
 
 /// One request's dispatch machine (module docs).
@@ -627,6 +638,12 @@ pub struct Dispatch {
     queued: bool,
     queue_deadline: Option<Instant>,
     pinned_at_start: bool,
+    /// The request's id in the fleet's wait lines ([`Dispatch::with_waiter`]).
+    waiter: Option<WaiterId>,
+    /// It joined a line since it started: it must leave them when done.
+    in_lines: bool,
+    /// Its attempt in flight holds a window slot of a line.
+    line_slot: bool,
 }
 
 impl Dispatch {
@@ -653,7 +670,26 @@ impl Dispatch {
             queued: false,
             queue_deadline: None,
             pinned_at_start: false,
+            waiter: None,
+            in_lines: false,
+            line_slot: false,
         }
+    }
+
+    /// Gives the request the id `id` in the fleet's wait lines ([`crate::waitline`]): when it
+    /// would wait for a full provider it joins that provider's line and tries it only as the
+    /// line's head; the driver wakes it early when [`WaitLines::take_woken`] names `id`
+    /// (deliver it as [`Event::Woke`] to a request waiting in [`Action::Wait`]). Without an
+    /// id, or in a fleet without lines, it waits to its own timer.
+    pub fn with_waiter(mut self, id: WaiterId) -> Self {
+        self.waiter = Some(id);
+        self
+    }
+
+    /// Whether the request has joined a wait line (the driver must make sure it leaves them:
+    /// [`WaitLines::leave`] when it is dropped before it is done).
+    pub fn in_wait_lines(&self) -> bool {
+        self.in_lines
     }
 
     /// Attempts sent so far.
@@ -704,6 +740,20 @@ impl Dispatch {
     /// that action again; after [`Action::Served`] or [`Action::Respond`] the machine is done
     /// and returns the same answer.
     pub fn poll(&mut self, fleet: &mut impl Fleet, now: Instant, rng: &mut impl Rng) -> Action {
+        let action = self.poll_inner(fleet, now, rng);
+        if self.phase == Phase::Done
+            && self.in_lines
+            && let Some(id) = self.waiter
+        {
+            // Served, failed or out of time: out of every line, and the next is woken.
+            fleet.wait_lines(|l| l.leave(id));
+            self.in_lines = false;
+            self.line_slot = false;
+        }
+        action
+    }
+
+    fn poll_inner(&mut self, fleet: &mut impl Fleet, now: Instant, rng: &mut impl Rng) -> Action {
         loop {
             match self.phase {
                 Phase::Begin => {
@@ -834,7 +884,34 @@ impl Dispatch {
         self.walk.order = order;
         self.walk.n = 0;
         self.walk.same_used = 0;
+        self.walk.line_wait = false;
         self.phase = Phase::Walk;
+    }
+
+    /// The wait-line key of `provider`: its own pause scope (the first of its scopes).
+    fn line_scope(fleet: &mut impl Fleet, provider: usize) -> String {
+        fleet.pauses(provider, |_, scopes| {
+            scopes.first().map(|s| (*s).to_owned()).unwrap_or_default()
+        })
+    }
+
+    /// Joins `provider`'s wait line; whether the request is now its head. `None` without a
+    /// waiter id or lines.
+    fn join_line(&mut self, fleet: &mut impl Fleet, provider: usize, now: Instant) -> Option<bool> {
+        let id = self.waiter?;
+        let scope = Self::line_scope(fleet, provider);
+        let head = fleet.wait_lines(|l| {
+            l.join(&scope, id, now);
+            l.is_head(&scope, id)
+        })?;
+        self.in_lines = true;
+        Some(head)
+    }
+
+    /// Waits behind others in a line: until woken early, at the latest until the deadline.
+    fn wait_in_line(&mut self) {
+        self.walk.line_wait = true;
+        self.wake_at(self.deadline);
     }
 
     fn wake_at(&mut self, until: Instant) {
@@ -866,6 +943,57 @@ impl Dispatch {
         // then the single probe after a pause (field case 2): an open circuit does not use up
         // the probe.
         let paused = fleet.pauses(provider, |p, scopes| p.paused_until(scopes, now));
+        // Wait lines (crate::waitline): a provider paused by a capacity refusal, or one with
+        // others waiting for it, is tried only by its line's head. A request that has never
+        // waited asks only the fleet's cheap `lines_waiting` hint for an unpaused provider.
+        let mut behind = false;
+        if let Some(id) = self.waiter {
+            let full = paused.is_some()
+                && fleet.pauses(provider, |p, scopes| p.reason(scopes, now))
+                    == Some(ErrorClass::Capacity);
+            if full {
+                behind = self.join_line(fleet, provider, now) == Some(false);
+            } else if paused.is_none() && self.in_lines {
+                let scope = Self::line_scope(fleet, provider);
+                let remaining = self.deadline.saturating_since(now);
+                let gate = fleet.wait_lines(|l| {
+                    if l.doomed(&scope, id, remaining) {
+                        l.leave_line(&scope, id);
+                        return LineGate::Doomed;
+                    }
+                    if !l.is_waiting(&scope) || l.may_try(&scope, id) {
+                        return LineGate::Open;
+                    }
+                    l.join(&scope, id, now);
+                    LineGate::Behind
+                });
+                if gate == Some(LineGate::Doomed) {
+                    // Its turn came too late for an answer before its deadline: the room goes
+                    // to the next waiter, and this provider is not tried again.
+                    self.refused_full[pos] = false;
+                    self.tried[pos] = true;
+                    self.skip();
+                    return None;
+                }
+                if gate == Some(LineGate::Behind) {
+                    // Others wait for this provider (it was full a moment ago): take a place
+                    // behind them instead of jumping the line.
+                    self.in_lines = true;
+                    self.met_full = true;
+                    fleet.count(
+                        provider,
+                        if Some(pos) != self.walk.first_choice {
+                            Count::FullOnSpill
+                        } else {
+                            Count::SkippedPaused
+                        },
+                    );
+                    self.wait_in_line();
+                    self.skip();
+                    return None;
+                }
+            }
+        }
         let gated = match paused {
             Some(until) => Some(until),
             None if matches!(
@@ -910,7 +1038,12 @@ impl Dispatch {
             );
             let wait = until.saturating_since(now);
             self.walk.skipped_wait = Some(self.walk.skipped_wait.map_or(wait, |w| w.min(wait)));
-            self.wake_at(until);
+            if behind {
+                // Not the line's head: the head's send or departure wakes it, not the pause end.
+                self.wait_in_line();
+            } else {
+                self.wake_at(until);
+            }
             self.skip();
             return None;
         }
@@ -976,12 +1109,27 @@ impl Dispatch {
         self.tried[pos] = true;
         self.last_member = Some(pos);
         let provider = self.req.members[pos].provider;
+        if self.in_lines
+            && let Some(id) = self.waiter
+        {
+            // Out of every line (the next heads are woken); a slot of this provider's line
+            // while the attempt is in flight.
+            let scope = Self::line_scope(fleet, provider);
+            self.line_slot = fleet
+                .wait_lines(|l| l.sent(id, &scope, now))
+                .unwrap_or(false);
+        }
         fleet.p2c(|p| p.on_start(provider, now));
         // A non-streamed answer shows nothing until it is complete, so a hung provider is only
         // noticed by a timeout: while another member could still be tried, one attempt may use
         // at most half of the time left, leaving the rest for a fallback.
         let remaining = self.deadline.saturating_since(now);
-        let fallback_possible = self.spent() < self.policy.max_attempts
+        // A request that waited in a line for a full provider gets the rest of its time: the
+        // fallbacks were full too, and the oldest requests are the ones the lines send first,
+        // so halving their little time left turns them into timeouts that open the circuit of
+        // a provider that is only full.
+        let fallback_possible = !self.in_lines
+            && self.spent() < self.policy.max_attempts
             && self.unpaused_after(fleet, self.walk.n + 1, now);
         let attempt_deadline = if fallback_possible {
             now + remaining / 2
@@ -1036,6 +1184,15 @@ impl Dispatch {
         now: Instant,
         rng: &mut impl Rng,
     ) -> Option<Action> {
+        if self.phase == Phase::Sending
+            && matches!(event, Event::Finished(_))
+            && self.line_slot
+            && let Some(id) = self.waiter
+        {
+            self.line_slot = false;
+            let served = matches!(event, Event::Finished(Ok(())));
+            fleet.wait_lines(|l| l.attempt_done(id, now, served));
+        }
         match (self.phase, event) {
             (Phase::Reserving, Event::Reserved(Ok(()))) => {
                 let pos = self.walk.order[self.walk.n];
@@ -1090,6 +1247,7 @@ impl Dispatch {
             (Phase::PauseWait, Event::Woke) => {
                 self.walk.wake = None;
                 self.walk.skipped_wait = None;
+                self.walk.line_wait = false;
                 self.begin_walk(fleet, now, rng);
                 None
             }
@@ -1157,6 +1315,8 @@ impl Dispatch {
             self.capacity_refusals += 1;
         }
         self.met_full |= c.class == ErrorClass::Capacity;
+        // A full provider: wait for it in its line (at the front again with the old ticket).
+        let behind = full && self.join_line(fleet, provider, now) == Some(false);
         if let Some(pause) = self.policy.pause.scope_pause(c, rng) {
             // Capacity and exhaustion answers speak for the whole upstream quota: pause the
             // provider and every quota group it shares (field case 2).
@@ -1172,9 +1332,12 @@ impl Dispatch {
             });
             for (scope, until) in paused {
                 fleet.paused(&scope, until);
-                if full {
+                if full && !behind {
                     self.wake_at(until);
                 }
+            }
+            if behind {
+                self.wait_in_line();
             }
             self.walk.admission = Some(Admission::Open);
         } else {
@@ -1281,9 +1444,18 @@ impl Dispatch {
             } else {
                 self.deadline.min(self.req.start + self.policy.pause_wait)
             };
-            let at = wake.max(now + Duration::from_millis(1));
-            // Waking at the deadline would only turn the last refusal into a deadline error.
-            if at <= limit && at < self.deadline {
+            let mut at = wake.max(now + Duration::from_millis(1));
+            // A request with a place in a wait line keeps it until its deadline even when what
+            // stands in its way now (an open circuit, a long pause) outlasts the deadline: an
+            // early wake-up may come first, and giving up at once would pass the line's head
+            // on to the next waiter, which meets the same obstacle (a cascade of refusals).
+            let lined = self.in_lines && limit == self.deadline;
+            if lined {
+                at = at.min(self.deadline);
+            }
+            // Waking at the deadline would only turn the last refusal into a deadline error,
+            // unless the request waits in a line: an early wake-up may come first.
+            if at <= limit && (at < self.deadline || w.line_wait || lined) {
                 self.phase = Phase::PauseWait;
                 return self.wait_for(Action::Wait { until: at });
             }
@@ -1318,6 +1490,17 @@ impl Dispatch {
         };
         self.respond(verdict)
     }
+}
+
+/// What a wait line says about trying a provider now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LineGate {
+    /// Try it (no line, or the request is its head and the window has room).
+    Open,
+    /// Others are ahead: wait.
+    Behind,
+    /// The head, but too late for an answer before its deadline.
+    Doomed,
 }
 
 /// Orders refusal waits from soonest to never: a slot release, then a known wait, then never.

@@ -21,4 +21,5 @@ pub mod queue;
 pub mod quota;
 pub mod retry_after;
 pub mod time;
+pub mod waitline;
 pub mod weights;

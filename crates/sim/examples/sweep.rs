@@ -11,7 +11,8 @@
 //! overridden); the Markdown table printed to stdout gives, over the seeds, the mean and worst
 //! client error rate, the mean affinity retention, uncached input tokens relative to the first
 //! pair of the sweep, and the mean p95 latency. `--deadline D` also replaces the RoutingPolicy
-//! `deadline` in every cell.
+//! `deadline` in every cell; `--wait-lines on,off` adds the FIFO wait lines
+//! (`switchyard_core::waitline`) as a third dimension (unset: as the file says).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -27,6 +28,7 @@ fn durations(arg: &str) -> Result<Vec<Duration>, Box<dyn std::error::Error>> {
 }
 
 struct Row {
+    lines: Option<bool>,
     cache_hold: Duration,
     pause_wait: Duration,
     errors_mean: f64,
@@ -41,6 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut waits = vec![Duration::ZERO];
     let mut seeds: Vec<u64> = vec![1, 2, 3];
     let mut deadline = None;
+    let mut lines: Vec<Option<bool>> = vec![None];
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -48,6 +51,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match a.as_str() {
             "--cache-hold" => holds = durations(&value()?)?,
             "--pause-wait" => waits = durations(&value()?)?,
+            "--wait-lines" => {
+                lines = value()?
+                    .split(',')
+                    .map(|v| match v.trim() {
+                        "on" => Ok(Some(true)),
+                        "off" => Ok(Some(false)),
+                        other => Err(format!("--wait-lines: on or off, not {other}")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "--deadline" => deadline = Some(humantime::parse_duration(&value()?)?),
             "--seeds" => {
                 seeds = value()?
@@ -60,7 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if files.is_empty() || seeds.is_empty() {
         return Err(
-            "usage: sweep [--cache-hold D,..] [--pause-wait D,..] [--deadline D] [--seeds N,..] \
+            "usage: sweep [--cache-hold D,..] [--pause-wait D,..] [--deadline D] [--wait-lines on,off] [--seeds N,..] \
              SCENARIO.yaml..."
                 .into(),
         );
@@ -81,50 +94,61 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut rows = Vec::new();
         for &cache_hold in &holds {
             for &pause_wait in &waits {
-                let n = seeds.len() as f64;
-                let (mut em, mut ex, mut aff, mut unc, mut p95) = (0.0, 0.0f64, 0.0, 0.0, 0.0);
-                for &seed in &seeds {
-                    let mut sc = base.with_seed(seed);
-                    sc.switchyard.cache_hold = Some(cache_hold);
-                    sc.switchyard.pause_wait = pause_wait;
-                    if let Some(d) = deadline {
-                        sc.switchyard.deadline = d;
+                for &wait_lines in &lines {
+                    let n = seeds.len() as f64;
+                    let (mut em, mut ex, mut aff, mut unc, mut p95) = (0.0, 0.0f64, 0.0, 0.0, 0.0);
+                    for &seed in &seeds {
+                        let mut sc = base.with_seed(seed);
+                        sc.switchyard.cache_hold = Some(cache_hold);
+                        sc.switchyard.pause_wait = pause_wait;
+                        if let Some(on) = wait_lines {
+                            sc.switchyard.wait_lines = on;
+                        }
+                        if let Some(d) = deadline {
+                            sc.switchyard.deadline = d;
+                        }
+                        let s = run_scenario(&sc, StrategyKind::Switchyard).summary;
+                        em += s.client_error_rate / n;
+                        ex = ex.max(s.client_error_rate);
+                        aff += s.affinity_retention / n;
+                        unc += s.uncached_tokens as f64 / n;
+                        p95 += s.p95_ms / n;
                     }
-                    let s = run_scenario(&sc, StrategyKind::Switchyard).summary;
-                    em += s.client_error_rate / n;
-                    ex = ex.max(s.client_error_rate);
-                    aff += s.affinity_retention / n;
-                    unc += s.uncached_tokens as f64 / n;
-                    p95 += s.p95_ms / n;
+                    eprintln!(
+                        "{}: cacheHold {cache_hold:?} pauseWait {pause_wait:?} done",
+                        base.name
+                    );
+                    rows.push(Row {
+                        lines: wait_lines,
+                        cache_hold,
+                        pause_wait,
+                        errors_mean: em,
+                        errors_max: ex,
+                        affinity: aff,
+                        uncached: unc,
+                        p95_ms: p95,
+                    });
                 }
-                eprintln!(
-                    "{}: cacheHold {cache_hold:?} pauseWait {pause_wait:?} done",
-                    base.name
-                );
-                rows.push(Row {
-                    cache_hold,
-                    pause_wait,
-                    errors_mean: em,
-                    errors_max: ex,
-                    affinity: aff,
-                    uncached: unc,
-                    p95_ms: p95,
-                });
             }
         }
         let reference = rows.first().map_or(1.0, |r| r.uncached.max(1.0));
         writeln!(out, "### {}\n", base.name)?;
         writeln!(
             out,
-            "| cacheHold | pauseWait | client errors, mean | worst seed | affinity | uncached vs first row | p95 ms |"
+            "| cacheHold | pauseWait | wait lines | client errors, mean | worst seed | affinity | uncached vs first row | p95 ms |"
         )?;
-        writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(out, "|---:|---:|:---:|---:|---:|---:|---:|---:|")?;
         for r in &rows {
             writeln!(
                 out,
-                "| {} | {} | {:.3} % | {:.3} % | {:.2} % | {:+.1} % | {:.0} |",
+                "| {} | {} | {} | {:.3} % | {:.3} % | {:.2} % | {:+.1} % | {:.0} |",
                 humantime::format_duration(r.cache_hold),
                 humantime::format_duration(r.pause_wait),
+                match r.lines {
+                    Some(true) => "on",
+                    Some(false) => "off",
+                    None => "file",
+                },
                 r.errors_mean * 100.0,
                 r.errors_max * 100.0,
                 r.affinity * 100.0,

@@ -51,7 +51,9 @@ enum Ev {
     Turn(u32),
     FirstByte(u32),
     AttemptDone(u32),
-    Resume(u32),
+    /// Request `r` wakes from an [`Action::Wait`]; ignored unless the token is still the
+    /// request's pending one (an early wake-up from its wait line replaces its timer).
+    Resume(u32, u64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +84,9 @@ struct Req {
     provider: usize,
     /// Whether the attempt in flight is spill-over ([`Action::Send`]'s `spill`).
     spill: bool,
+    /// Whether the attempt in flight times out at the request deadline (a timeout is then the
+    /// deadline passing, not the provider failing).
+    at_deadline: bool,
     outcome: Outcome,
     sent: Duration,
     uncached: u64,
@@ -90,6 +95,10 @@ struct Req {
     first_byte: Duration,
     /// The request's dispatch machine (`switchyard` runs only).
     machine: Option<Box<Dispatch>>,
+    /// Its id in the wait lines: arrival number above, slot below.
+    waiter: u64,
+    /// The token of its pending [`Ev::Resume`], while it waits.
+    resume: Option<u64>,
 }
 
 fn us(d: Duration) -> u64 {
@@ -116,6 +125,7 @@ pub(crate) struct Engine<'a> {
     arrivals: ChaCha8Rng,
     srng: ChaCha8Rng,
     next_request_id: u64,
+    resume_seq: u64,
     acc: Acc,
     rows: Vec<IntervalRow>,
     interval_start: Duration,
@@ -157,6 +167,7 @@ impl<'a> Engine<'a> {
             arrivals: ChaCha8Rng::seed_from_u64(hash(sc.seed, &[1])),
             srng: ChaCha8Rng::seed_from_u64(hash(sc.seed, &[2])),
             next_request_id: 0,
+            resume_seq: 0,
             acc: Acc::new(n),
             rows: Vec::new(),
             interval_start: Duration::ZERO,
@@ -226,7 +237,12 @@ impl<'a> Engine<'a> {
                     }
                 }
                 Ev::AttemptDone(r) => self.attempt_done(r),
-                Ev::Resume(r) => {
+                Ev::Resume(r, token) => {
+                    if self.reqs[r as usize].resume != Some(token) {
+                        // Replaced by an early wake-up, or the request is gone.
+                        continue;
+                    }
+                    self.reqs[r as usize].resume = None;
                     if let (Some(router), Some(m)) =
                         (self.router.as_mut(), self.reqs[r as usize].machine.as_mut())
                     {
@@ -337,6 +353,8 @@ impl<'a> Engine<'a> {
             (Traffic::Script(t), _) => t.input_tokens,
             _ => 0,
         };
+        let slot = self.free.last().copied().unwrap_or(self.reqs.len() as u32);
+        let waiter = (self.next_request_id << 32) | u64::from(slot);
         let req = Req {
             session,
             project,
@@ -347,15 +365,17 @@ impl<'a> Engine<'a> {
             tried: 0,
             provider: 0,
             spill: false,
+            at_deadline: false,
             outcome: Outcome::Ok,
             sent: self.now,
             uncached: 0,
             cached: 0,
             first_byte: Duration::ZERO,
-            machine: self
-                .router
-                .as_ref()
-                .map(|router| Box::new(router.request(project, instant(self.now), input_tokens))),
+            machine: self.router.as_ref().map(|router| {
+                Box::new(router.request(project, instant(self.now), input_tokens, waiter))
+            }),
+            waiter,
+            resume: None,
         };
         match self.free.pop() {
             Some(i) => {
@@ -422,13 +442,14 @@ impl<'a> Engine<'a> {
                 attempt_deadline,
                 first_token_deadline,
                 spill,
+                deadline,
                 ..
             } => {
                 self.reqs[r as usize].spill = spill;
-                let timeout = self
-                    .sc
-                    .request_timeout
-                    .min(attempt_deadline.saturating_since(now));
+                let to_attempt_deadline = attempt_deadline.saturating_since(now);
+                let timeout = self.sc.request_timeout.min(to_attempt_deadline);
+                self.reqs[r as usize].at_deadline =
+                    attempt_deadline >= deadline && timeout == to_attempt_deadline;
                 let first_token = first_token_deadline.map(|d| d.saturating_since(now));
                 self.send(r, member, timeout, first_token);
             }
@@ -437,7 +458,12 @@ impl<'a> Engine<'a> {
                 // ends within the current microsecond would wake the request in a loop.
                 let at =
                     Duration::from_micros(until.since_origin().as_nanos().div_ceil(1000) as u64);
-                self.push(at.max(self.now + Duration::from_micros(1)), Ev::Resume(r));
+                self.resume_seq += 1;
+                self.reqs[r as usize].resume = Some(self.resume_seq);
+                self.push(
+                    at.max(self.now + Duration::from_micros(1)),
+                    Ev::Resume(r, self.resume_seq),
+                );
             }
             Action::Served { .. } => self.finish(r, true),
             Action::Respond(verdict) => {
@@ -449,6 +475,28 @@ impl<'a> Engine<'a> {
                 self.fail(r, why);
             }
             Action::Reserve { .. } | Action::Queue { .. } => {}
+        }
+        self.deliver_wakes();
+    }
+
+    /// Early wake-ups from the wait lines become virtual-time events now, replacing the
+    /// woken requests' own timers.
+    fn deliver_wakes(&mut self) {
+        let Some(router) = self.router.as_mut() else {
+            return;
+        };
+        for id in router.take_woken() {
+            let r = (id & 0xffff_ffff) as u32;
+            let Some(req) = self.reqs.get_mut(r as usize) else {
+                continue;
+            };
+            if req.waiter != id || req.resume.is_none() {
+                // Not waiting (sending, or done): it will see the line when it next walks.
+                continue;
+            }
+            self.resume_seq += 1;
+            req.resume = Some(self.resume_seq);
+            self.push(self.now, Ev::Resume(r, self.resume_seq));
         }
     }
 
@@ -496,6 +544,8 @@ impl<'a> Engine<'a> {
             && first_byte > ft
         {
             (outcome, latency, first_byte) = (Outcome::Timeout, ft, ft);
+            // The first-token deadline ended it, not the request deadline.
+            req.at_deadline = false;
         }
         if let Some(log) = self.replay.as_mut() {
             log.attempts.push(ReplayAttempt {
@@ -527,7 +577,8 @@ impl<'a> Engine<'a> {
 
     fn attempt_done(&mut self, r: u32) {
         let req = &self.reqs[r as usize];
-        let (p, spill, outcome) = (req.provider, req.spill, req.outcome);
+        let (p, spill, outcome, at_deadline) =
+            (req.provider, req.spill, req.outcome, req.at_deadline);
         let latency = self.now.saturating_sub(req.sent);
         let output = match &self.sc.traffic {
             Traffic::Sessions(t) => t.output_tokens,
@@ -544,7 +595,7 @@ impl<'a> Engine<'a> {
         if let (Some(router), Some(m)) =
             (self.router.as_mut(), self.reqs[r as usize].machine.as_mut())
         {
-            let (end, finished) = outcome_of(outcome);
+            let (end, finished) = outcome_of(outcome, at_deadline);
             settle(&mut router.fleet, p, spill, end, instant(self.now), latency);
             if matches!(outcome, Outcome::Ok) {
                 observe_latency(&mut router.fleet, p, &sample, instant(self.now));

@@ -255,6 +255,11 @@ pub struct SwitchyardSettings {
     /// answers are soft errors in the controller window, and chat requests (streams) get the
     /// adaptive first-token deadline. `false` = the controller sees errors only.
     pub latency_signal: bool,
+    /// FIFO wait lines per full provider (`switchyard_core::waitline`, default on as in the
+    /// router): a request waiting for a provider that a capacity refusal paused takes a place in
+    /// that provider's line, ordered by the time of its first wait, and only the line's head
+    /// tries it. `false` = every waiter sleeps to its own timer and re-contends.
+    pub wait_lines: bool,
 }
 
 /// Optional overrides of the core's circuit-breaker settings (LLMProvider `circuitBreaker`).
@@ -289,6 +294,7 @@ impl Default for SwitchyardSettings {
             same_provider_retries: 0,
             circuit_breaker: BreakerOverrides::default(),
             latency_signal: true,
+            wait_lines: true,
         }
     }
 }

@@ -26,6 +26,7 @@ use switchyard_core::latency::LatencyModel;
 use switchyard_core::p2c::{P2c, P2cConfig, ScoringMode};
 use switchyard_core::pause::{DEFAULT_PROBE_TIMEOUT, Pauses, RetryPolicy};
 use switchyard_core::time::Instant;
+use switchyard_core::waitline::{WaitLines, WaiterId};
 use switchyard_core::weights::route_weights;
 
 use crate::model::Outcome;
@@ -166,6 +167,9 @@ impl Switchyard {
             fleet.latency = vec![LatencyModel::new(); n];
         }
         fleet.weights = route_weights(&avail, fleet.tiers.as_ref());
+        if s.wait_lines {
+            fleet.lines = Some(WaitLines::default());
+        }
         Switchyard {
             fleet,
             policy: policy(sc),
@@ -181,8 +185,15 @@ impl Switchyard {
     /// A machine for a request of `project` with `input_tokens` of input arriving at `start`:
     /// every provider serves, none reserves (the simulated providers keep their own limits), no
     /// tenant queue; chat requests are streams (agents stream), so the adaptive first-token
-    /// deadline applies to them when the latency signal is on.
-    pub(crate) fn request(&self, project: u32, start: Instant, input_tokens: u64) -> Dispatch {
+    /// deadline applies to them when the latency signal is on. `waiter` is its id in the wait
+    /// lines (when the scenario has them).
+    pub(crate) fn request(
+        &self,
+        project: u32,
+        start: Instant,
+        input_tokens: u64,
+        waiter: WaiterId,
+    ) -> Dispatch {
         let members = (0..self.fleet.names.len())
             .map(|provider| Member {
                 provider,
@@ -202,6 +213,15 @@ impl Switchyard {
                 stream_input: self.chat.then_some(input_tokens),
             },
         )
+        .with_waiter(waiter)
+    }
+
+    /// The waiters the wait lines woke since the last call (empty without lines).
+    pub(crate) fn take_woken(&mut self) -> Vec<WaiterId> {
+        match self.fleet.lines.as_mut() {
+            Some(l) if l.has_woken() => l.take_woken(),
+            _ => Vec::new(),
+        }
     }
 
     /// Closes the controller windows (end of interval).
@@ -226,8 +246,10 @@ impl Switchyard {
 }
 
 /// A simulated outcome as the router's classifier would see it, for the machine and
-/// [`settle`](switchyard_core::dispatch::settle).
-pub(crate) fn outcome_of(o: Outcome) -> (Settled, Result<(), Failure>) {
+/// [`settle`](switchyard_core::dispatch::settle). `at_deadline`: the attempt's timeout was the
+/// request deadline, so a timeout is the request's deadline passing (the router's
+/// `RequestDeadline`, class `deadline`: not the provider's fault, no breaker failure).
+pub(crate) fn outcome_of(o: Outcome, at_deadline: bool) -> (Settled, Result<(), Failure>) {
     let (classification, status) = match o {
         Outcome::Ok => return (Settled::Success, Ok(())),
         Outcome::RateLimited { retry_after } => (
@@ -239,6 +261,7 @@ pub(crate) fn outcome_of(o: Outcome) -> (Settled, Result<(), Failure>) {
             Some(429),
         ),
         Outcome::Server { status } => (Classification::new(class_for_status(status)), Some(status)),
+        Outcome::Timeout if at_deadline => (Classification::new(ErrorClass::Deadline), None),
         Outcome::Timeout => (Classification::new(ErrorClass::Timeout), None),
         // The router reads a reset before content as a broken connection and fails over.
         Outcome::StreamCut { content: false } => (Classification::new(ErrorClass::Connect), None),

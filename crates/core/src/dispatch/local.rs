@@ -13,6 +13,7 @@ use crate::latency::{LatencyModel, peer_log_ratio, slow_as_errors};
 use crate::p2c::{P2c, P2cConfig};
 use crate::pause::Pauses;
 use crate::time::Instant;
+use crate::waitline::WaitLines;
 use crate::weights::Tiers;
 
 /// One provider's outcome counts since the last controller step.
@@ -108,12 +109,15 @@ pub struct LocalFleet {
     pub tallies: Vec<Tally>,
     /// Latency baselines per provider ([`crate::latency`]); empty = no latency signal.
     pub latency: Vec<LatencyModel>,
+    /// FIFO wait lines per full provider ([`crate::waitline`]); `None` = none (requests wait
+    /// to their own timers).
+    pub lines: Option<WaitLines>,
 }
 
 impl LocalFleet {
     /// Providers `names` with default breakers, equal weights, no tiers, default p2c, pins of `pin`
     /// (capacity `pin_capacity`), the router's default retry budget (20 % over 10 s, floor
-    /// 5/s), no throttle, the core's default pause table and no latency models.
+    /// 5/s), no throttle, the core's default pause table, no latency models and no wait lines.
     pub fn new(names: Vec<String>, pin: Duration, pin_capacity: usize) -> Self {
         let n = names.len();
         LocalFleet {
@@ -131,6 +135,7 @@ impl LocalFleet {
             throttle: None,
             tallies: vec![Tally::default(); n],
             latency: Vec::new(),
+            lines: None,
         }
     }
 
@@ -186,6 +191,10 @@ impl Fleet for LocalFleet {
 
     fn fallback_throttle<R>(&mut self, f: impl FnOnce(&mut FallbackThrottle) -> R) -> Option<R> {
         self.throttle.as_mut().map(f)
+    }
+
+    fn wait_lines<R>(&mut self, f: impl FnOnce(&mut WaitLines) -> R) -> Option<R> {
+        self.lines.as_mut().map(f)
     }
 
     fn count(&mut self, provider: usize, event: Count) {

@@ -1251,3 +1251,116 @@ fn a_full_provider_under_spill_over_is_counted_full_not_failed() {
     let counts = window_counts(&f.tallies[next], true, 0.05);
     assert_eq!(counts.provider_errors, 1);
 }
+
+fn lined_fleet() -> LocalFleet {
+    let mut f = fleet(1);
+    // No single-probe gate: the lines alone decide who tries first after the pause.
+    f.pauses = Pauses::with_probe(Duration::from_secs(10), Duration::ZERO);
+    f.lines = Some(crate::waitline::WaitLines::default());
+    f
+}
+
+fn waiting_policy() -> Policy {
+    Policy {
+        deadline: Duration::from_secs(60),
+        pause_wait: Duration::from_secs(30),
+        retry: no_same_provider_retry(),
+        ..Policy::default()
+    }
+}
+
+#[test]
+fn waiters_of_a_full_provider_are_served_in_the_order_they_first_waited() {
+    let mut f = lined_fleet();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let end = T0 + Duration::from_secs(10);
+    f.pauses
+        .pause("p0", Duration::from_secs(10), T0, ErrorClass::Capacity);
+    let mut ds: Vec<Dispatch> = (0..3u64)
+        .map(|i| {
+            let at = T0 + Duration::from_secs(i);
+            Dispatch::new(
+                waiting_policy(),
+                request(&format!("q{i}"), at, vec![member(0)]),
+            )
+            .with_waiter(i)
+        })
+        .collect();
+    // The first waits to the pause end as the line's head; the others wait to be woken.
+    for (i, d) in ds.iter_mut().enumerate() {
+        let at = T0 + Duration::from_secs(i as u64);
+        let action = d.poll(&mut f, at, &mut rng);
+        let until = match action {
+            Action::Wait { until } => until,
+            other => panic!("request {i}: {other:?}"),
+        };
+        if i == 0 {
+            assert_eq!(until, end);
+        } else {
+            assert_eq!(until, d.deadline(), "request {i} sleeps to its deadline");
+        }
+        assert!(d.in_wait_lines());
+    }
+    // A spurious wake-up does not let the last one jump the line.
+    ds[2].handle(&mut f, Event::Woke);
+    assert!(matches!(
+        ds[2].poll(&mut f, end, &mut rng),
+        Action::Wait { .. }
+    ));
+    // The head goes at the pause end, and its send wakes the next early.
+    ds[0].handle(&mut f, Event::Woke);
+    assert!(matches!(
+        ds[0].poll(&mut f, end, &mut rng),
+        Action::Send { .. }
+    ));
+    let lines = f.lines.as_mut().unwrap();
+    assert_eq!(lines.take_woken(), vec![1]);
+    ds[1].handle(&mut f, Event::Woke);
+    assert!(matches!(
+        ds[1].poll(&mut f, end, &mut rng),
+        Action::Send { .. }
+    ));
+    assert_eq!(f.lines.as_mut().unwrap().take_woken(), vec![2]);
+    ds[2].handle(&mut f, Event::Woke);
+    assert!(matches!(
+        ds[2].poll(&mut f, end, &mut rng),
+        Action::Send { .. }
+    ));
+    // Served: every request leaves the lines, which are then empty.
+    for d in &mut ds {
+        d.handle(&mut f, Event::Finished(Ok(())));
+        assert!(matches!(
+            d.poll(&mut f, end, &mut rng),
+            Action::Served { .. }
+        ));
+        assert!(!d.in_wait_lines());
+    }
+    assert!(f.lines.as_ref().unwrap().is_empty());
+}
+
+#[test]
+fn a_waiter_whose_turn_comes_too_late_for_an_answer_gives_the_turn_away() {
+    let mut f = lined_fleet();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    // Served attempts from this line took 20 s.
+    let lines = f.lines.as_mut().unwrap();
+    lines.join("p0", 99, T0);
+    lines.sent(99, "p0", T0);
+    lines.attempt_done(99, T0 + Duration::from_secs(20), true);
+    lines.leave(99);
+    let start = T0 + Duration::from_secs(20);
+    f.pauses
+        .pause("p0", Duration::from_secs(45), start, ErrorClass::Capacity);
+    let mut d =
+        Dispatch::new(waiting_policy(), request("q", start, vec![member(0)])).with_waiter(1);
+    assert!(matches!(
+        d.poll(&mut f, start, &mut rng),
+        Action::Wait { .. }
+    ));
+    // 45 s later it is the head with 15 s left: not sent, and it no longer waits there.
+    let late = start + Duration::from_secs(45);
+    d.handle(&mut f, Event::Woke);
+    let action = d.poll(&mut f, late, &mut rng);
+    assert!(matches!(action, Action::Respond(_)), "{action:?}");
+    assert!(f.lines.as_ref().unwrap().is_empty());
+}
