@@ -47,7 +47,11 @@
 //!    or open waits for the earliest one to come back (bounded by the request deadline). A
 //!    request that met a full provider waits for room until its deadline, not only for
 //!    `pause_wait` (a queue with a deadline: room comes back with time, a failed provider may
-//!    not). Otherwise a [`Verdict`] says why, with the `Retry-After` to advertise.
+//!    not). With a waiter id ([`Dispatch::with_waiter`]) and a fleet that keeps wait lines
+//!    ([`Fleet::wait_lines`], [`crate::waitline`]), it waits in the full provider's FIFO line:
+//!    only the head tries it, the driver wakes the next waiter early, a waiter keeps its place
+//!    until its deadline and its attempts get all of the time left. Otherwise a [`Verdict`]
+//!    says why, with the `Retry-After` to advertise.
 //!
 //! What an attempt's end does to breakers, p2c scores and window counts is [`settle`], which
 //! the driver calls exactly once per sent attempt (also for a stream that ends long after the

@@ -40,7 +40,9 @@ use switchyard_core::p2c::P2c;
 use switchyard_core::pause::Pauses;
 use switchyard_core::queue::QueueReason;
 use switchyard_core::quota::{Dimension, RateFigures, Scope};
+use switchyard_core::waitline::{WaitLines, WaiterId};
 use switchyard_store::Ticket;
+use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::app::App;
@@ -254,6 +256,7 @@ impl AttemptGuard {
             app: &self.app,
             live: &self.live,
             route: self.route,
+            waiter: None,
         };
         let now = self.app.clock.now();
         settle(
@@ -304,6 +307,7 @@ impl AttemptGuard {
                 app: &self.app,
                 live: &self.live,
                 route: self.route,
+                waiter: None,
             };
             observe_latency(&mut fleet, self.provider, &sample, self.app.clock.now());
         }
@@ -569,6 +573,42 @@ struct RouterFleet<'a> {
     app: &'a Arc<App>,
     live: &'a Live,
     route: usize,
+    /// The request's place in the wait lines; `None` for settling an attempt's end.
+    waiter: Option<&'a WaiterGuard<'a>>,
+}
+
+/// A request's place in the wait lines ([`crate::state::RouterLines`]): its id, and its
+/// wake-up once it registered. Dropping it (the request ended, or its client went away and the
+/// handler future was dropped) leaves every line, so the next waiter is woken. A request that
+/// never waited never registered and never takes the lines' lock, here or anywhere.
+struct WaiterGuard<'a> {
+    app: &'a App,
+    id: WaiterId,
+    notify: std::sync::OnceLock<Arc<Notify>>,
+}
+
+impl WaiterGuard<'_> {
+    /// Runs `f` on the lines, registering the wake-up on first use, and delivers the wake-ups
+    /// it caused.
+    fn with_lines<R>(&self, f: impl FnOnce(&mut WaitLines) -> R) -> R {
+        let mut lines = lock(&self.app.runtime.lines);
+        if self.notify.get().is_none() {
+            let n = Arc::new(Notify::new());
+            lines.register(self.id, n.clone());
+            let _ = self.notify.set(n);
+        }
+        let r = f(&mut lines.lines);
+        lines.wake();
+        r
+    }
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        if self.notify.get().is_some() {
+            lock(&self.app.runtime.lines).forget(self.id);
+        }
+    }
 }
 
 impl Fleet for RouterFleet<'_> {
@@ -644,6 +684,10 @@ impl Fleet for RouterFleet<'_> {
                 .map(|(_, p)| p.recent_log_ratio()),
         );
         Some(self.live.providers[provider].with_latency(|m| f(m, peers)))
+    }
+
+    fn wait_lines<R>(&mut self, f: impl FnOnce(&mut WaitLines) -> R) -> Option<R> {
+        self.waiter.map(|w| w.with_lines(f))
     }
 
     fn paused(&mut self, scope: &str, until: switchyard_core::time::Instant) {
@@ -770,6 +814,12 @@ async fn execute(
             deadline: t.queue.deadline,
             join_first: app.broker.has_waiting(),
         });
+    // One relaxed increment; the lines' lock is only taken if the request ever waits.
+    let waiter = WaiterGuard {
+        app,
+        id: app.runtime.next_waiter.fetch_add(1, Ordering::Relaxed),
+        notify: std::sync::OnceLock::new(),
+    };
     let mut machine = Dispatch::new(
         route.dispatch,
         DispatchRequest {
@@ -780,11 +830,13 @@ async fn execute(
             stream_input: (req.stream && matches!(req.op, ClientOp::Chat | ClientOp::Messages))
                 .then_some(req.estimated_input_tokens),
         },
-    );
+    )
+    .with_waiter(waiter.id);
     let mut fleet = RouterFleet {
         app,
         live,
         route: route_index,
+        waiter: Some(&waiter),
     };
     let mut reserved: Option<Reserved> = None;
     let mut caller_figures: Option<RateFigures> = None;
@@ -916,7 +968,17 @@ async fn execute(
                 machine.handle(&mut fleet, Event::Finished(finished));
             }
             Action::Wait { until } => {
-                tokio::time::sleep_until(clock.to_tokio(until)).await;
+                let sleep = tokio::time::sleep_until(clock.to_tokio(until));
+                match waiter.notify.get().cloned() {
+                    // In a wait line: the line wakes it early when it becomes the head.
+                    Some(notify) => {
+                        tokio::select! {
+                            () = sleep => {}
+                            () = notify.notified() => {}
+                        }
+                    }
+                    None => sleep.await,
+                }
                 machine.handle(&mut fleet, Event::Woke);
             }
             Action::Queue {

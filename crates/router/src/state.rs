@@ -22,7 +22,9 @@ use switchyard_core::latency::LatencyModel;
 use switchyard_core::p2c::{P2c, P2cConfig};
 use switchyard_core::pause::Pauses;
 use switchyard_core::time::Instant;
+use switchyard_core::waitline::{WaitLines, WaiterId};
 use switchyard_core::weights::route_weights;
+use tokio::sync::Notify;
 
 use crate::config::RoutingTable;
 
@@ -296,6 +298,50 @@ impl Live {
     }
 }
 
+/// The router's FIFO wait lines per full provider ([`switchyard_core::waitline`]) with one
+/// [`Notify`] per registered waiter, woken when it becomes a line's head. A request registers
+/// only when its dispatch first touches the lines (it met a provider paused by a 429): requests
+/// that never wait never take this lock.
+#[derive(Debug, Default)]
+pub struct RouterLines {
+    /// The lines.
+    pub lines: WaitLines,
+    notify: HashMap<WaiterId, Arc<Notify>>,
+}
+
+impl RouterLines {
+    /// Registers `id`'s wake-up.
+    pub fn register(&mut self, id: WaiterId, notify: Arc<Notify>) {
+        self.notify.insert(id, notify);
+    }
+
+    /// Delivers the lines' pending wake-ups (a permit is stored when the waiter is not
+    /// sleeping yet, so none is lost).
+    pub fn wake(&mut self) {
+        if !self.lines.has_woken() {
+            return;
+        }
+        for id in self.lines.take_woken() {
+            if let Some(n) = self.notify.get(&id) {
+                n.notify_one();
+            }
+        }
+    }
+
+    /// `id` is gone (done, or its client disconnected): out of every line, wake-up forgotten,
+    /// the next heads woken.
+    pub fn forget(&mut self, id: WaiterId) {
+        self.lines.leave(id);
+        self.notify.remove(&id);
+        self.wake();
+    }
+
+    /// Registered waiters (tests, metrics).
+    pub fn registered(&self) -> usize {
+        self.notify.len()
+    }
+}
+
 /// State shared by every snapshot of one process.
 #[derive(Debug)]
 pub struct Runtime {
@@ -308,6 +354,10 @@ pub struct Runtime {
     /// Active-probe health per provider × modality (DESIGN §4.8), keyed by provider key so
     /// it outlives reloads like the rest of this state; fail-open when empty.
     pub health: crate::health::HealthBoard,
+    /// FIFO wait lines per full provider, shared by every route (keyed by pause scope).
+    pub lines: Mutex<RouterLines>,
+    /// The next waiter id of the lines.
+    pub next_waiter: AtomicU64,
     live: ArcSwap<Live>,
 }
 
@@ -320,6 +370,8 @@ impl Runtime {
             pauses: Mutex::new(Pauses::new()),
             budget: Mutex::new(RetryBudget::new(0.2, Duration::from_secs(10), 5)),
             health: crate::health::HealthBoard::new(),
+            lines: Mutex::new(RouterLines::default()),
+            next_waiter: AtomicU64::new(0),
             live: ArcSwap::from_pointee(Live {
                 table: RoutingTable::default(),
                 providers: Vec::new(),
@@ -448,5 +500,52 @@ impl Runtime {
         for route in &self.live().routes {
             lock(&route.pins).purge_expired(now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn at(s: u64) -> Instant {
+        Instant::from_origin(Duration::from_secs(s))
+    }
+
+    /// Two requests waiting on one paused provider are woken in the order they first waited,
+    /// and a waiter whose client went away (its guard dropped: `forget`) hands the turn on.
+    #[tokio::test]
+    async fn waiters_are_notified_in_arrival_order_and_a_departure_hands_the_turn_on() {
+        let mut l = RouterLines::default();
+        let notify: Vec<Arc<Notify>> = (0..3).map(|_| Arc::new(Notify::new())).collect();
+        for (id, n) in notify.iter().enumerate() {
+            l.register(id as WaiterId, n.clone());
+            l.lines.join("provider-a", id as WaiterId, at(id as u64));
+        }
+        assert!(l.lines.may_try("provider-a", 0));
+        assert!(!l.lines.may_try("provider-a", 1));
+        // The head is sent: the second (not the third) is woken.
+        l.lines.sent(0, "provider-a", at(5));
+        l.wake();
+        tokio::time::timeout(Duration::from_secs(1), notify[1].notified())
+            .await
+            .expect("the second waiter is woken");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), notify[2].notified())
+                .await
+                .is_err(),
+            "the third waiter must not be woken yet"
+        );
+        // The second's client goes away: the third is the head and is woken.
+        l.forget(1);
+        tokio::time::timeout(Duration::from_secs(1), notify[2].notified())
+            .await
+            .expect("the third waiter is woken");
+        assert!(l.lines.may_try("provider-a", 2));
+        l.forget(0);
+        l.forget(2);
+        assert!(l.lines.is_empty());
+        assert_eq!(l.registered(), 0);
     }
 }
