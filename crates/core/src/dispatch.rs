@@ -1042,8 +1042,9 @@ impl Dispatch {
             );
             let wait = until.saturating_since(now);
             self.walk.skipped_wait = Some(self.walk.skipped_wait.map_or(wait, |w| w.min(wait)));
-            if behind {
-                // Not the line's head: the head's send or departure wakes it, not the pause end.
+            if behind && until < self.deadline {
+                // Not the line's head: the head's send or departure wakes it, not the pause end
+                // (a pause that outlasts the deadline leaves nothing to wait for).
                 self.wait_in_line();
             } else {
                 self.wake_at(until);
@@ -1334,13 +1335,16 @@ impl Dispatch {
                     .map(|s| ((*s).to_owned(), p.pause(s, pause, now, class)))
                     .collect()
             });
+            let mut lined = false;
             for (scope, until) in paused {
                 fleet.paused(&scope, until);
-                if full && !behind {
+                if full && behind && until < self.deadline {
+                    lined = true;
+                } else if full {
                     self.wake_at(until);
                 }
             }
-            if behind {
+            if lined {
                 self.wait_in_line();
             }
             self.walk.admission = Some(Admission::Open);
@@ -1448,18 +1452,10 @@ impl Dispatch {
             } else {
                 self.deadline.min(self.req.start + self.policy.pause_wait)
             };
-            let mut at = wake.max(now + Duration::from_millis(1));
-            // A request with a place in a wait line keeps it until its deadline even when what
-            // stands in its way now (an open circuit, a long pause) outlasts the deadline: an
-            // early wake-up may come first, and giving up at once would pass the line's head
-            // on to the next waiter, which meets the same obstacle (a cascade of refusals).
-            let lined = self.in_lines && limit == self.deadline;
-            if lined {
-                at = at.min(self.deadline);
-            }
+            let at = wake.max(now + Duration::from_millis(1));
             // Waking at the deadline would only turn the last refusal into a deadline error,
-            // unless the request waits in a line: an early wake-up may come first.
-            if at <= limit && (at < self.deadline || w.line_wait || lined) {
+            // unless the request waits behind others in a line: an early wake-up may come first.
+            if at <= limit && (at < self.deadline || w.line_wait) {
                 self.phase = Phase::PauseWait;
                 return self.wait_for(Action::Wait { until: at });
             }
