@@ -681,7 +681,7 @@ impl Fingerprint {
 type FingerprintBuild = std::hash::BuildHasherDefault<switchyard_core::chain::FingerprintHasher>;
 
 /// Every `o200k_base` token in rank order, each as one length byte and its bytes,
-/// gzip-compressed (written by `build.rs` from `bpe-openai`'s copy; about 1.3 MiB of the binary,
+/// gzip-compressed (written by `build.rs` from `bpe-openai`'s copy; 1.04 MB of the binary,
 /// read once at load).
 static O200K_RANKS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k_ranks.bin.gz"));
 
